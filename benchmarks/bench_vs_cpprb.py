@@ -1,0 +1,346 @@
+#!/usr/bin/env python
+"""shmreplay vs cpprb on cpprb's published "cpprb vs Reverb" configuration, in one process.
+
+Configuration (cpprb's benchmark 2): buffer 4096; one transition is
+``{obs: float32[15], act: float32[3], rew: float32, next_obs: float32[15], done: float32}``;
+add 1, 11 and 101 transitions per call; sample batches of 2, 32 and 256; a uniform and a
+prioritized buffer (priority exponent alpha = 0.4, importance-sampling beta = 0.4).
+
+cpprb side:   ``ReplayBuffer`` / ``PrioritizedReplayBuffer(alpha=0.4)``; ``add(**batch)``
+              (no explicit priorities: cpprb then uses its max priority, its fastest path);
+              ``sample(B)`` / ``sample(B, beta=0.4)``; "sample+update" adds
+              ``update_priorities(indexes, prios)``.
+shmreplay:    the public Client API only. One Server per sampler with one table
+              ``Table(name, Uniform() | Prioritized(0.4), Fifo(), 4096, MinSize(1))``;
+              add 1 = ``client.insert(tr, {table: 1.0})``; add N =
+              ``client.insert_batch(batch, {table: 1.0 | prios[N]})``; sample =
+              ``client.sample_batch(table, B)`` (+ ``info.importance_weights(0.4)`` when
+              prioritized); "sample+update" adds ``client.update_priorities(table, keys, prios)``.
+
+Each case is timed timeit-style (warm-up, calibrated loop, median of repeats, GC off; the
+repeats of the two libraries alternate so background load hits both alike) and
+reported in microseconds per call; ratio = cpprb / shmreplay (> 1: shmreplay is faster).
+Target: ratio >= 2 in every case.
+
+Usage:  python benchmarks/bench_vs_cpprb.py [--quick] [--libs cpprb,shmreplay]
+Writes: benchmarks/results/vs_cpprb[-quick].{json,md}
+"""
+
+import argparse
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+CAPACITY = 4096
+ALPHA = 0.4
+BETA = 0.4
+ADD_STEPS = (1, 11, 101)
+BATCH_SIZES = (2, 32, 256)
+TARGET = 2.0
+
+ENV_DICT = {"obs": {"shape": 15}, "act": {"shape": 3}, "rew": {},
+            "next_obs": {"shape": 15}, "done": {}}
+
+
+def make_transition(rng):
+    return {
+        "obs": rng.standard_normal(15).astype(np.float32),
+        "act": rng.standard_normal(3).astype(np.float32),
+        "rew": np.float32(rng.standard_normal()),
+        "next_obs": rng.standard_normal(15).astype(np.float32),
+        "done": np.float32(0.0),
+    }
+
+
+def make_batch(rng, n):
+    return {
+        "obs": rng.standard_normal((n, 15)).astype(np.float32),
+        "act": rng.standard_normal((n, 3)).astype(np.float32),
+        "rew": rng.standard_normal(n).astype(np.float32),
+        "next_obs": rng.standard_normal((n, 15)).astype(np.float32),
+        "done": (rng.random(n) < 0.01).astype(np.float32),
+    }
+
+
+def cases():
+    """(op, sampler, n) in print order."""
+    out = []
+    for sampler in ("uniform", "prioritized"):
+        for n in ADD_STEPS:
+            out.append(("add", sampler, n))
+    for sampler in ("uniform", "prioritized"):
+        for b in BATCH_SIZES:
+            out.append(("sample", sampler, b))
+    for b in BATCH_SIZES:
+        out.append(("sample+update", "prioritized", b))
+    return out
+
+
+# --------------------------------------------------------------------------- cpprb
+
+class CpprbSide:
+    name = "cpprb"
+
+    def __init__(self, cpprb, rng):
+        self.rbs = {
+            "uniform": cpprb.ReplayBuffer(CAPACITY, ENV_DICT),
+            "prioritized": cpprb.PrioritizedReplayBuffer(CAPACITY, ENV_DICT, alpha=ALPHA),
+        }
+        self.rng = rng
+
+    def fill(self):
+        batch = make_batch(self.rng, CAPACITY)
+        self.rbs["uniform"].add(**batch)
+        self.rbs["prioritized"].add(**batch, priorities=self.rng.random(CAPACITY) + 0.05)
+
+    def case_fn(self, op, sampler, n):
+        rb = self.rbs[sampler]
+        if op == "add":
+            data = make_transition(self.rng) if n == 1 else make_batch(self.rng, n)
+            add = rb.add
+            return lambda: add(**data)
+        if op == "sample" and sampler == "uniform":
+            sample = rb.sample
+            return lambda: sample(n)
+        if op == "sample":
+            sample = rb.sample
+            return lambda: sample(n, beta=BETA)
+        prios = self.rng.random(n) + 0.05
+        sample, update = rb.sample, rb.update_priorities
+
+        def sample_update():
+            s = sample(n, beta=BETA)
+            update(s["indexes"], prios)
+        return sample_update
+
+    def close(self):
+        self.rbs.clear()
+
+
+# --------------------------------------------------------------------------- shmreplay
+
+class ShmreplaySide:
+    name = "shmreplay"
+
+    def __init__(self, shm, rng):
+        from shmreplay import rate_limiters, selectors
+        self.rng = rng
+        self.servers, self.clients = {}, {}
+        pid = os.getpid()
+        samplers = {"uniform": selectors.Uniform(), "prioritized": selectors.Prioritized(ALPHA)}
+        try:
+            for sampler, sel in samplers.items():
+                table = shm.Table(sampler, sampler=sel, remover=selectors.Fifo(),
+                                  max_size=CAPACITY, rate_limiter=rate_limiters.MinSize(1))
+                server = shm.Server(tables=[table], name=f"bench-vs-{sampler[0]}-{pid}")
+                self.servers[sampler] = server
+                self.clients[sampler] = shm.Client(server.name)
+        except BaseException:
+            self.close()
+            raise
+
+    def fill(self):
+        batch = make_batch(self.rng, CAPACITY)
+        self.clients["uniform"].insert_batch(batch, {"uniform": 1.0})
+        self.clients["prioritized"].insert_batch(
+            batch, {"prioritized": self.rng.random(CAPACITY) + 0.05})
+
+    def check(self):
+        """One sample of each table, checked against the contract (shapes, info dtypes)."""
+        for sampler, client in self.clients.items():
+            s = client.sample_batch(sampler, 32)
+            shapes = {k: np.shape(v) for k, v in s.data.items()}
+            want = {"obs": (32, 15), "act": (32, 3), "rew": (32,), "next_obs": (32, 15),
+                    "done": (32,)}
+            if shapes != want:
+                raise AssertionError(f"{sampler}: sample_batch data shapes {shapes}, want {want}")
+            if np.asarray(s.info.key).dtype != np.uint64 or len(s.info.key) != 32:
+                raise AssertionError(f"{sampler}: info.key {np.asarray(s.info.key).dtype} "
+                                     f"len {len(s.info.key)}")
+
+    def case_fn(self, op, sampler, n):
+        client = self.clients[sampler]
+        table = sampler
+        if op == "add":
+            if n == 1:
+                data = make_transition(self.rng)
+                prio = {table: 1.0}
+                insert = client.insert
+                return lambda: insert(data, prio)
+            data = make_batch(self.rng, n)
+            prio = {table: 1.0 if sampler == "uniform" else self.rng.random(n) + 0.05}
+            insert_batch = client.insert_batch
+            return lambda: insert_batch(data, prio)
+        sample_batch = client.sample_batch
+        if op == "sample" and sampler == "uniform":
+            return lambda: sample_batch(table, n)
+        if op == "sample":
+            def sample_weights():
+                s = sample_batch(table, n)
+                s.info.importance_weights(BETA)
+            return sample_weights
+        prios = self.rng.random(n) + 0.05
+        update = client.update_priorities
+
+        def sample_update():
+            s = sample_batch(table, n)
+            s.info.importance_weights(BETA)
+            update(table, s.info.key, prios)
+        return sample_update
+
+    def close(self):
+        for client in self.clients.values():
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        for server in self.servers.values():
+            server.stop()
+        self.clients.clear()
+        self.servers.clear()
+
+
+# --------------------------------------------------------------------------- main
+
+def run(args):
+    timing = (dict(repeat=3, min_time=0.005, warmup=0.02) if args.quick
+              else dict(repeat=9, min_time=0.05, warmup=0.2))
+    libs = [s.strip() for s in args.libs.split(",") if s.strip()]
+    rng = np.random.default_rng(args.seed)
+    errors = []
+    sides = []
+    if "cpprb" in libs:
+        cpprb, why = C.load_cpprb()
+        if cpprb is None:
+            print("cpprb unavailable:", why)
+            errors.append({"lib": "cpprb", "where": "import", "error": why})
+        else:
+            sides.append(CpprbSide(cpprb, rng))
+    shm_side = None
+    if "shmreplay" in libs:
+        shm, why = C.load_shmreplay()
+        if shm is None:
+            print("shmreplay unavailable:", why)
+            errors.append({"lib": "shmreplay", "where": "import", "error": why})
+        else:
+            try:
+                shm_side = ShmreplaySide(shm, rng)
+                sides.append(shm_side)
+            except Exception as exc:  # noqa: BLE001 - report, never work around
+                tb = traceback.format_exc()
+                print("shmreplay setup failed:\n" + tb)
+                errors.append({"lib": "shmreplay", "where": "setup", "error": repr(exc),
+                               "traceback": tb})
+    info = C.machine_info()
+    for ln in C.machine_lines(info):
+        print(ln)
+    print(f"mode: {'quick' if args.quick else 'full'}; timing {timing}\n")
+
+    results = []
+    try:
+        filled = set()
+        for op, sampler, n in cases():
+            row = {"op": op, "sampler": sampler, "n": n}
+            fns = {}
+            for side in list(sides):
+                if op != "add" and side.name not in filled:
+                    try:
+                        side.fill()
+                        if side is shm_side:
+                            side.check()
+                    except Exception as exc:  # noqa: BLE001
+                        tb = traceback.format_exc()
+                        print(f"{side.name} fill/check failed:\n{tb}")
+                        errors.append({"lib": side.name, "where": "fill/check",
+                                       "error": repr(exc), "traceback": tb})
+                    filled.add(side.name)
+                try:
+                    fn = side.case_fn(op, sampler, n)
+                    fn()  # surface API errors here, with the case named
+                    fns[side.name] = fn
+                except Exception as exc:  # noqa: BLE001
+                    tb = traceback.format_exc()
+                    print(f"{side.name} {op} {sampler} {n} failed:\n{tb}")
+                    errors.append({"lib": side.name, "where": f"{op} {sampler} {n}",
+                                   "error": repr(exc), "traceback": tb})
+                    row[side.name] = None
+            if fns:
+                try:
+                    timed = C.time_interleaved(fns, **timing)
+                except Exception as exc:  # noqa: BLE001
+                    tb = traceback.format_exc()
+                    print(f"{op} {sampler} {n} failed while timing:\n{tb}")
+                    errors.append({"lib": "/".join(fns), "where": f"{op} {sampler} {n} (timing)",
+                                   "error": repr(exc), "traceback": tb})
+                    timed = {}
+                for name, t in timed.items():
+                    row[name] = {"median_us": t["median"] * 1e6, "best_us": t["best"] * 1e6,
+                                 "number": t["number"], "repeat": t["repeat"]}
+            a, b = row.get("cpprb"), row.get("shmreplay")
+            row["ratio"] = a["median_us"] / b["median_us"] if a and b else None
+            results.append(row)
+            print(f"  {op:13s} {sampler:11s} {n:4d}  "
+                  f"cpprb {C.fmt_num(a and a['median_us'], 2):>8s} us  "
+                  f"shmreplay {C.fmt_num(b and b['median_us'], 2):>8s} us  "
+                  f"ratio {C.fmt_ratio(row['ratio'])}", flush=True)
+    finally:
+        for side in sides:
+            side.close()
+
+    headers = ["case", "sampler", "steps/batch", "cpprb µs", "shmreplay µs",
+               "cpprb/shmreplay", f">= {TARGET:g}x"]
+    rows = []
+    for r in results:
+        a, b = r.get("cpprb"), r.get("shmreplay")
+        rows.append([r["op"], r["sampler"], r["n"], C.fmt_num(a and a["median_us"], 2),
+                     C.fmt_num(b and b["median_us"], 2), C.fmt_ratio(r["ratio"]),
+                     "n/a" if r["ratio"] is None else ("yes" if r["ratio"] >= TARGET else "NO")])
+    ratios = [r["ratio"] for r in results if r["ratio"] is not None]
+    summary = (f"min ratio {min(ratios):.2f}x, geometric mean "
+               f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x; "
+               f"{sum(x >= TARGET for x in ratios)}/{len(ratios)} cases >= {TARGET:g}x"
+               if ratios else "no ratios (one side missing)")
+    print()
+    print(C.render_table(headers, rows))
+    print("\n" + summary)
+
+    notes = [f"mode: {'quick' if args.quick else 'full'}; median of {timing['repeat']} repeats, "
+             "µs per call; ratio = cpprb / shmreplay (higher: shmreplay faster)",
+             f"buffer {CAPACITY}, obs/next_obs float32[15], act float32[3], rew/done float32; "
+             f"alpha {ALPHA}, beta {BETA}; same process, shmreplay via Client(server.name)",
+             "cpprb PER add without explicit priorities (its faster path); shmreplay PER add "
+             "with priorities; prioritized sample includes importance weights in both",
+             summary]
+    md = C.markdown_header("shmreplay vs cpprb (cpprb's Reverb-comparison configuration)",
+                           info, notes)
+    md += "\n" + C.render_table(headers, rows, markdown=True) + "\n"
+    if errors:
+        md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
+                                          for e in errors) + "\n"
+    payload = {"benchmark": "vs_cpprb", "quick": args.quick, "machine": info,
+               "config": {"capacity": CAPACITY, "alpha": ALPHA, "beta": BETA,
+                          "add_steps": ADD_STEPS, "batch_sizes": BATCH_SIZES,
+                          "timing": timing, "target_ratio": TARGET, "seed": args.seed},
+               "results": results, "summary": summary, "errors": errors}
+    paths = C.write_results("vs_cpprb" + ("-quick" if args.quick else ""), payload, md)
+    print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
+    left = C.check_clean()
+    return 1 if (errors or left) else 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="few short repeats (a smoke run)")
+    p.add_argument("--libs", default="cpprb,shmreplay",
+                   help="comma-separated subset of cpprb,shmreplay")
+    p.add_argument("--seed", type=int, default=0)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

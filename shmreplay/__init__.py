@@ -1,0 +1,32 @@
+"""shmreplay: shared-memory experience replay with DeepMind Reverb's client API.
+
+Create a buffer in one process, attach to it by name from any other process of the same
+user, insert and sample at memory speed::
+
+    import shmreplay
+    from shmreplay import selectors, rate_limiters
+
+    server = shmreplay.Server([shmreplay.Table(
+        "replay", sampler=selectors.Prioritized(0.6), remover=selectors.Fifo(),
+        max_size=100_000, rate_limiter=rate_limiters.MinSize(1_000))], name="my-buffer")
+    client = shmreplay.Client("my-buffer")        # from any process
+
+Importing this package loads no TensorFlow or JAX and compiles nothing; the adapters are
+``shmreplay.tf`` and ``shmreplay.jax``.
+"""
+
+from shmreplay import errors, rate_limiters, selectors
+from shmreplay.client import Client
+from shmreplay.errors import DeadlineExceededError, ShmReplayError
+from shmreplay.replay_sample import ReplaySample, SampleInfo, TableInfo
+from shmreplay.server import Server
+from shmreplay.specs import TensorSpec
+from shmreplay.table import Table
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "DeadlineExceededError", "ReplaySample", "SampleInfo", "Server",
+    "ShmReplayError", "Table", "TableInfo", "TensorSpec", "errors", "rate_limiters",
+    "selectors",
+]

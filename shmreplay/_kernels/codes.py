@@ -1,0 +1,23 @@
+"""Integer codes shared by the kernels and the Python layer.
+
+Kernels return these instead of raising; ``shmreplay._table`` turns them into typed
+errors that name the table. Numba reads module-level ints as compile-time constants.
+"""
+
+# Selector kinds (``shmreplay.selectors``).
+UNIFORM = 0
+PRIORITIZED = 1
+FIFO = 2
+LIFO = 3
+MIN_HEAP = 4
+MAX_HEAP = 5
+
+# Slot states.
+FREE = 0
+WRITING = 1
+READY = 2
+
+# Kernel status codes (>= 0 means success and usually carries a count).
+BLOCKED = -1  # the rate limiter (or a full table) does not allow the call now
+CLOSED = -2  # the buffer was stopped
+TOO_BIG = -3  # the batch can never fit in the free slots

@@ -1,0 +1,332 @@
+"""Item bookkeeping of one table, without locks: the callers in ``table`` hold the lock.
+
+Every function takes the table's arrays ``(ctrl, fctrl, meta, prio, trees)`` (see
+``shmreplay._layout``). Structures kept for every live item:
+
+* the dense ``M_LIVE`` array (uniform sampling, size, rebuilds),
+* a doubly linked list in insertion order (Fifo: head, Lifo: tail),
+* per selector role (0 sampler, 1 remover): a sum-tree (Prioritized) or a heap.
+
+A slot's ``M_STATE`` is written *last* when an item is added and *first* when it is
+removed, so after a crash at any instruction the states alone say which items exist,
+and ``rebuild`` can recompute everything else from them.
+"""
+
+import numpy as np
+
+from shmreplay._kernels import codes, heap, kernel, sumtree
+from shmreplay._layout import (
+    C_CAPACITY, C_DELETES, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MIN_SIZE,
+    C_NEXT_ID, C_ORDER_SEQ, C_PENDING, C_SAMPLER_KIND, C_SAMPLES, C_SIZE, C_SLOT_BITS,
+    C_TAIL, C_TOTAL_DELETED, C_TREE_LEAVES, C_UPDATE_SEQ, F_EXPONENT0, F_MAX_DIFF,
+    F_MIN_DIFF, F_SAMPLES_PER_INSERT, M_FREE, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
+    M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE)
+
+
+@kernel
+def weight(priority, exponent):
+    """``priority ** exponent`` with ``0 ** a == 0`` even for ``a == 0`` (Reverb's rule)."""
+    if priority == 0.0:
+        return 0.0
+    return priority ** exponent
+
+
+@kernel
+def can_insert(ctrl, fctrl, n):
+    """Reverb's ``CanInsert(n)``; reserved-but-uncommitted items count as inserted."""
+    inserts = ctrl[C_INSERTS] + ctrl[C_PENDING]
+    if inserts + n - ctrl[C_DELETES] <= ctrl[C_MIN_SIZE]:
+        return True
+    return (inserts + n) * fctrl[F_SAMPLES_PER_INSERT] - ctrl[C_SAMPLES] <= fctrl[F_MAX_DIFF]
+
+
+@kernel
+def can_sample(ctrl, fctrl, n):
+    """Reverb's ``CanSample(n)``."""
+    if ctrl[C_INSERTS] - ctrl[C_DELETES] < ctrl[C_MIN_SIZE]:
+        return False
+    return ctrl[C_INSERTS] * fctrl[F_SAMPLES_PER_INSERT] - ctrl[C_SAMPLES] - n >= fctrl[F_MIN_DIFF]
+
+
+@kernel
+def sample_credit(ctrl, fctrl, wanted):
+    """How many of ``wanted`` samples the limiter allows right now (assumes ``can_sample(1)``)."""
+    min_diff = fctrl[F_MIN_DIFF]
+    if min_diff < -1e300:
+        return wanted
+    credit = ctrl[C_INSERTS] * fctrl[F_SAMPLES_PER_INSERT] - ctrl[C_SAMPLES] - min_diff
+    return max(1, min(wanted, int(np.floor(credit))))
+
+
+@kernel
+def free_count(ctrl):
+    return ctrl[C_FREE_TOP] + ctrl[C_CAPACITY] - ctrl[C_FRESH]
+
+
+@kernel
+def pop_free(ctrl, meta):
+    """A free slot, or -1. Recently freed slots first (their pages are warm)."""
+    top = ctrl[C_FREE_TOP]
+    if top > 0:
+        ctrl[C_FREE_TOP] = top - 1
+        return meta[M_FREE, top - 1]
+    fresh = ctrl[C_FRESH]
+    if fresh < ctrl[C_CAPACITY]:
+        ctrl[C_FRESH] = fresh + 1
+        return fresh
+    return -1
+
+
+@kernel
+def push_free(ctrl, meta, slot):
+    top = ctrl[C_FREE_TOP]
+    meta[M_FREE, top] = slot
+    ctrl[C_FREE_TOP] = top + 1
+
+
+@kernel
+def _role_add(ctrl, fctrl, meta, prio, trees, role, slot):
+    kind = ctrl[C_SAMPLER_KIND + role]
+    if kind == codes.PRIORITIZED:
+        sumtree.set_leaf(trees[role], ctrl[C_TREE_LEAVES], slot,
+                         weight(prio[slot], fctrl[F_EXPONENT0 + role]))
+    elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+        n = ctrl[C_HEAP_N0 + role]
+        heap.push(meta, prio, M_HEAP0 + role, M_HEAP_POS0 + role, n, slot, kind == codes.MIN_HEAP)
+        ctrl[C_HEAP_N0 + role] = n + 1
+
+
+@kernel
+def _role_remove(ctrl, meta, prio, trees, role, slot):
+    kind = ctrl[C_SAMPLER_KIND + role]
+    if kind == codes.PRIORITIZED:
+        sumtree.set_leaf(trees[role], ctrl[C_TREE_LEAVES], slot, 0.0)
+    elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+        n = ctrl[C_HEAP_N0 + role]
+        heap.remove(meta, prio, M_HEAP0 + role, M_HEAP_POS0 + role, n, slot, kind == codes.MIN_HEAP)
+        ctrl[C_HEAP_N0 + role] = n - 1
+
+
+@kernel
+def _role_update(ctrl, fctrl, meta, prio, trees, role, slot):
+    kind = ctrl[C_SAMPLER_KIND + role]
+    if kind == codes.PRIORITIZED:
+        sumtree.set_leaf(trees[role], ctrl[C_TREE_LEAVES], slot,
+                         weight(prio[slot], fctrl[F_EXPONENT0 + role]))
+    elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+        heap.fix(meta, prio, M_HEAP0 + role, M_HEAP_POS0 + role, ctrl[C_HEAP_N0 + role], slot,
+                 kind == codes.MIN_HEAP)
+
+
+@kernel
+def add(ctrl, fctrl, meta, prio, trees, slot, priority):
+    """Makes a WRITING slot a live item; returns its new key."""
+    item_id = ctrl[C_NEXT_ID]
+    ctrl[C_NEXT_ID] = item_id + 1
+    key = (item_id << ctrl[C_SLOT_BITS]) | slot
+    meta[M_KEY, slot] = key
+    meta[M_ORDER, slot] = ctrl[C_ORDER_SEQ]
+    ctrl[C_ORDER_SEQ] += 1
+    meta[M_UPDATE, slot] = ctrl[C_UPDATE_SEQ]
+    ctrl[C_UPDATE_SEQ] += 1
+    meta[M_TIMES, slot] = 0
+    prio[slot] = priority
+    n = ctrl[C_SIZE]
+    meta[M_LIVE, n] = slot
+    meta[M_LIVE_POS, slot] = n
+    ctrl[C_SIZE] = n + 1
+    tail = ctrl[C_TAIL]
+    meta[M_PREV, slot] = tail
+    meta[M_NEXT, slot] = -1
+    if tail >= 0:
+        meta[M_NEXT, tail] = slot
+    else:
+        ctrl[C_HEAD] = slot
+    ctrl[C_TAIL] = slot
+    _role_add(ctrl, fctrl, meta, prio, trees, 0, slot)
+    _role_add(ctrl, fctrl, meta, prio, trees, 1, slot)
+    meta[M_STATE, slot] = codes.READY
+    return key
+
+
+@kernel
+def remove(ctrl, meta, prio, trees, slot):
+    """Deletes a live item (a rate-limiter delete) and frees its slot."""
+    meta[M_STATE, slot] = codes.FREE
+    pos = meta[M_LIVE_POS, slot]
+    last_pos = ctrl[C_SIZE] - 1
+    last = meta[M_LIVE, last_pos]
+    meta[M_LIVE, pos] = last
+    meta[M_LIVE_POS, last] = pos
+    ctrl[C_SIZE] = last_pos
+    prev = meta[M_PREV, slot]
+    nxt = meta[M_NEXT, slot]
+    if prev >= 0:
+        meta[M_NEXT, prev] = nxt
+    else:
+        ctrl[C_HEAD] = nxt
+    if nxt >= 0:
+        meta[M_PREV, nxt] = prev
+    else:
+        ctrl[C_TAIL] = prev
+    _role_remove(ctrl, meta, prio, trees, 0, slot)
+    _role_remove(ctrl, meta, prio, trees, 1, slot)
+    push_free(ctrl, meta, slot)
+    ctrl[C_DELETES] += 1
+    ctrl[C_TOTAL_DELETED] += 1
+
+
+@kernel
+def update(ctrl, fctrl, meta, prio, trees, slot, priority):
+    """Sets a live item's priority (counts as its most recent update for heap ties)."""
+    prio[slot] = priority
+    meta[M_UPDATE, slot] = ctrl[C_UPDATE_SEQ]
+    ctrl[C_UPDATE_SEQ] += 1
+    _role_update(ctrl, fctrl, meta, prio, trees, 0, slot)
+    _role_update(ctrl, fctrl, meta, prio, trees, 1, slot)
+
+
+@kernel
+def lookup(ctrl, meta, key):
+    """The slot of the live item with ``key``, or -1 (unknown, deleted or stale key)."""
+    if key <= 0:
+        return -1
+    slot = key & ((1 << ctrl[C_SLOT_BITS]) - 1)
+    if slot >= ctrl[C_CAPACITY]:
+        return -1
+    if meta[M_STATE, slot] != codes.READY or meta[M_KEY, slot] != key:
+        return -1
+    return slot
+
+
+@kernel
+def select(ctrl, fctrl, meta, trees, role, prob_out):
+    """Picks one live item with the role's selector; its probability goes to ``prob_out[0]`` (float64)."""
+    kind = ctrl[C_SAMPLER_KIND + role]
+    size = ctrl[C_SIZE]
+    if kind == codes.FIFO:
+        prob_out[0] = 1.0
+        return ctrl[C_HEAD]
+    if kind == codes.LIFO:
+        prob_out[0] = 1.0
+        return ctrl[C_TAIL]
+    if kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+        prob_out[0] = 1.0
+        return meta[M_HEAP0 + role, 0]
+    if kind == codes.PRIORITIZED:
+        tree = trees[role]
+        total = tree[1]
+        if total > 0.0:
+            leaves = ctrl[C_TREE_LEAVES]
+            slot = sumtree.draw_one(tree, leaves)
+            prob_out[0] = tree[leaves + slot] / total
+            return slot
+    prob_out[0] = 1.0 / size
+    return meta[M_LIVE, np.random.randint(0, size)]
+
+
+@kernel
+def clear(ctrl, meta, prio, trees):
+    """Removes every live item without counting deletes (``reset``)."""
+    leaves = ctrl[C_TREE_LEAVES]
+    for pos in range(ctrl[C_SIZE]):
+        slot = meta[M_LIVE, pos]
+        meta[M_STATE, slot] = codes.FREE
+        for role in range(2):
+            if ctrl[C_SAMPLER_KIND + role] == codes.PRIORITIZED:
+                sumtree.set_leaf(trees[role], leaves, slot, 0.0)
+        push_free(ctrl, meta, slot)
+    ctrl[C_SIZE] = 0
+    ctrl[C_HEAD] = -1
+    ctrl[C_TAIL] = -1
+    ctrl[C_HEAP_N0] = 0
+    ctrl[C_HEAP_N0 + 1] = 0
+
+
+@kernel
+def _sort_by_order(meta, live, size):
+    """Heapsorts ``live[:size]`` in place by each slot's insertion order (no allocation)."""
+    for start in range(size // 2 - 1, -1, -1):
+        _sift(meta, live, start, size)
+    for end in range(size - 1, 0, -1):
+        live[0], live[end] = live[end], live[0]
+        _sift(meta, live, 0, end)
+
+
+@kernel
+def _sift(meta, live, pos, n):
+    while True:
+        child = 2 * pos + 1
+        if child >= n:
+            return
+        if child + 1 < n and meta[M_ORDER, live[child + 1]] > meta[M_ORDER, live[child]]:
+            child += 1
+        if meta[M_ORDER, live[child]] <= meta[M_ORDER, live[pos]]:
+            return
+        live[pos], live[child] = live[child], live[pos]
+        pos = child
+
+
+@kernel
+def rebuild(ctrl, fctrl, meta, prio, trees):
+    """Recomputes every derived structure from the slot states (after a holder died)."""
+    fresh = ctrl[C_FRESH]
+    bits = ctrl[C_SLOT_BITS]
+    size = 0
+    pending = 0
+    free_top = 0
+    max_id = 0
+    for slot in range(fresh):
+        state = meta[M_STATE, slot]
+        if state == codes.READY:
+            meta[M_LIVE, size] = slot
+            meta[M_LIVE_POS, slot] = size
+            size += 1
+            max_id = max(max_id, meta[M_KEY, slot] >> bits)
+        elif state == codes.WRITING:
+            pending += 1
+        else:
+            meta[M_STATE, slot] = codes.FREE
+            meta[M_FREE, free_top] = slot
+            free_top += 1
+    ctrl[C_SIZE] = size
+    ctrl[C_PENDING] = pending
+    ctrl[C_FREE_TOP] = free_top
+    ctrl[C_NEXT_ID] = max(ctrl[C_NEXT_ID], max_id + 1)
+    # The size test of the rate limiter must agree with the items that exist.
+    ctrl[C_DELETES] = ctrl[C_INSERTS] - size
+    live = meta[M_LIVE]
+    _sort_by_order(meta, live, size)
+    ctrl[C_HEAD] = -1
+    ctrl[C_TAIL] = -1
+    max_order = -1
+    max_update = -1
+    for j in range(size):
+        slot = live[j]
+        meta[M_LIVE_POS, slot] = j
+        tail = ctrl[C_TAIL]
+        meta[M_PREV, slot] = tail
+        meta[M_NEXT, slot] = -1
+        if tail >= 0:
+            meta[M_NEXT, tail] = slot
+        else:
+            ctrl[C_HEAD] = slot
+        ctrl[C_TAIL] = slot
+        max_order = max(max_order, meta[M_ORDER, slot])
+        max_update = max(max_update, meta[M_UPDATE, slot])
+    ctrl[C_ORDER_SEQ] = max(ctrl[C_ORDER_SEQ], max_order + 1)
+    ctrl[C_UPDATE_SEQ] = max(ctrl[C_UPDATE_SEQ], max_update + 1)
+    leaves = ctrl[C_TREE_LEAVES]
+    for role in range(2):
+        kind = ctrl[C_SAMPLER_KIND + role]
+        if kind == codes.PRIORITIZED:
+            tree = trees[role]
+            tree[leaves:leaves + fresh] = 0.0
+            for j in range(size):
+                slot = live[j]
+                tree[leaves + slot] = weight(prio[slot], fctrl[F_EXPONENT0 + role])
+            sumtree.rebuild(tree, leaves)
+        elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+            ctrl[C_HEAP_N0 + role] = 0
+            for j in range(size):
+                _role_add(ctrl, fctrl, meta, prio, trees, role, live[j])

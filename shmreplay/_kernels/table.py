@@ -1,0 +1,432 @@
+"""Locked entry points: one native call per table operation (protocol: ``shmreplay._sync``).
+
+Each function takes the table's arrays ``(ctrl, fctrl, meta, prio, trees)`` first,
+locks the table's robust mutex (repairing the table if the previous holder died),
+does the whole operation, unlocks, then wakes waiters if it changed something they wait
+for. Return values >= 0 are counts; negative values are ``codes`` statuses. When a call
+returns ``BLOCKED`` it has registered the caller as a waiter (if asked) and stored the
+futex sequence value to wait on in ``io[0]``.
+"""
+
+import numpy as np
+
+from shmreplay import _sync
+from shmreplay._kernels import codes, items, kernel, sumtree
+from shmreplay._kernels import verify as verify_kernels
+from shmreplay._layout import (
+    C_CLOSED, C_DELETES, C_INSERTS, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
+    C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
+    C_RESERVES, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TREE_LEAVES,
+    M_KEY, M_LIVE, M_STATE, M_TIMES, M_VERSION, M_WRITER)
+
+# Rows of the int64 output block of ``sample``.
+OUT_SLOT, OUT_KEY, OUT_TABLE_SIZE, OUT_TIMES, OUT_VERSION = range(5)
+OUT_INT_ROWS = 5
+# Rows of its float64 output block.
+OUT_PROBABILITY, OUT_PRIORITY = range(2)
+OUT_FLOAT_ROWS = 2
+
+BROKEN = -4  # the mutex is unrecoverable (cannot happen unless memory was corrupted)
+
+
+@kernel
+def _lock(ctrl, fctrl, meta, prio, trees):
+    result = _sync.mutex_lock(ctrl.ctypes.data)
+    if result == _sync.EOWNERDEAD:
+        items.rebuild(ctrl, fctrl, meta, prio, trees)
+        ctrl[C_RECOVERIES] += 1
+        _sync.mutex_consistent(ctrl.ctypes.data)
+        return 0
+    return result
+
+
+@kernel
+def _unlock(ctrl):
+    _sync.mutex_unlock(ctrl.ctypes.data)
+
+
+@kernel
+def _unlock_and_wake(ctrl, wake_items, wake_space):
+    wake_items = wake_items and ctrl[C_ITEMS_WAITERS] > 0
+    wake_space = wake_space and ctrl[C_SPACE_WAITERS] > 0
+    _sync.mutex_unlock(ctrl.ctypes.data)
+    if wake_items:
+        _sync.futex_wake_all(ctrl, C_ITEMS_SEQ)
+    if wake_space:
+        _sync.futex_wake_all(ctrl, C_SPACE_SEQ)
+
+
+@kernel
+def _bump(ctrl, word):
+    ctrl[word] = (ctrl[word] + 1) & 0xFFFFFFFF
+
+
+@kernel
+def _block(ctrl, waiters, word, register, io):
+    if register:
+        ctrl[waiters] += 1
+    io[0] = ctrl[word]
+    _unlock(ctrl)
+    return codes.BLOCKED
+
+
+@kernel
+def reserve(ctrl, fctrl, meta, prio, trees, n, pid, was_waiting, register, out_slots, io):
+    """Reserves ``n`` slots for writing if the rate limiter allows ``n`` inserts now."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    if was_waiting and ctrl[C_SPACE_WAITERS] > 0:
+        ctrl[C_SPACE_WAITERS] -= 1
+    if ctrl[C_CLOSED] != 0:
+        _unlock(ctrl)
+        return codes.CLOSED
+    if not items.can_insert(ctrl, fctrl, n) or items.free_count(ctrl) < n:
+        return _block(ctrl, C_SPACE_WAITERS, C_SPACE_SEQ, register, io)
+    # Filled back to front: slots freed in ascending order come off the free stack
+    # descending, so this usually yields an ascending run (one memcpy per column).
+    ctrl[C_RESERVES] += 1
+    for i in range(n - 1, -1, -1):
+        slot = items.pop_free(ctrl, meta)
+        meta[M_VERSION, slot] += 1
+        meta[M_WRITER, slot] = pid
+        meta[M_STATE, slot] = codes.WRITING
+        out_slots[i] = slot
+    ctrl[C_PENDING] += n
+    _unlock(ctrl)
+    return n
+
+
+@kernel
+def commit(ctrl, fctrl, meta, prio, trees, slots, priorities, out_keys, io):
+    """Publishes written slots as items, then evicts with the remover while over max_size."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    n = slots.shape[0]
+    for i in range(n):
+        out_keys[i] = items.add(ctrl, fctrl, meta, prio, trees, slots[i], priorities[i])
+    ctrl[C_PENDING] -= n
+    ctrl[C_INSERTS] += n
+    ctrl[C_TOTAL_INSERTED] += n
+    evicted = 0
+    while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
+        victim = items.select(ctrl, fctrl, meta, trees, 1, io)
+        items.remove(ctrl, meta, prio, trees, victim)
+        evicted += 1
+    _bump(ctrl, C_ITEMS_SEQ)
+    if evicted:
+        _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, True, evicted > 0)
+    return evicted
+
+
+@kernel
+def reserve_one(ctrl, fctrl, meta, prio, trees, pid):
+    """``reserve`` of one slot without waiting: the slot, or BLOCKED (the insert fast path)."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    if ctrl[C_CLOSED] != 0:
+        _unlock(ctrl)
+        return codes.CLOSED
+    if not items.can_insert(ctrl, fctrl, 1) or items.free_count(ctrl) < 1:
+        _unlock(ctrl)
+        return codes.BLOCKED
+    ctrl[C_RESERVES] += 1
+    slot = items.pop_free(ctrl, meta)
+    meta[M_VERSION, slot] += 1
+    meta[M_WRITER, slot] = pid
+    meta[M_STATE, slot] = codes.WRITING
+    ctrl[C_PENDING] += 1
+    _unlock(ctrl)
+    return slot
+
+
+@kernel
+def commit_one(ctrl, fctrl, meta, prio, trees, slot, priority, io):
+    """``commit`` of one slot: returns the new key (> 0), or a negative status."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    key = items.add(ctrl, fctrl, meta, prio, trees, slot, priority)
+    ctrl[C_PENDING] -= 1
+    ctrl[C_INSERTS] += 1
+    ctrl[C_TOTAL_INSERTED] += 1
+    evicted = 0
+    while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
+        items.remove(ctrl, meta, prio, trees, items.select(ctrl, fctrl, meta, trees, 1, io))
+        evicted += 1
+    _bump(ctrl, C_ITEMS_SEQ)
+    if evicted:
+        _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, True, evicted > 0)
+    return key
+
+
+@kernel
+def cancel(ctrl, fctrl, meta, prio, trees, slots, pids):
+    """Frees reserved slots that were never committed (a failed insert, or a dead writer).
+
+    A slot is freed only if it is still WRITING for the same pid.
+    """
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    freed = 0
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        if meta[M_STATE, slot] == codes.WRITING and meta[M_WRITER, slot] == pids[i]:
+            meta[M_STATE, slot] = codes.FREE
+            items.push_free(ctrl, meta, slot)
+            ctrl[C_PENDING] -= 1
+            freed += 1
+    if freed:
+        _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, False, freed > 0)
+    return freed
+
+
+@kernel
+def _record(ctrl, meta, prio, slot, probability, out_i, out_f, j):
+    times = meta[M_TIMES, slot] + 1
+    meta[M_TIMES, slot] = times
+    if times == 1:
+        ctrl[C_NUM_UNIQUE] += 1
+    out_i[OUT_SLOT, j] = slot
+    out_i[OUT_KEY, j] = meta[M_KEY, slot]
+    out_i[OUT_TABLE_SIZE, j] = ctrl[C_SIZE]
+    out_i[OUT_TIMES, j] = times
+    out_i[OUT_VERSION, j] = meta[M_VERSION, slot]
+    out_f[OUT_PROBABILITY, j] = probability
+    out_f[OUT_PRIORITY, j] = prio[slot]
+    return times
+
+
+@kernel
+def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, out_f, io):
+    """Samples up to ``batch`` items (Reverb's flexible batch: at least one, as many as
+    the rate limiter allows), counting each as one sample.
+    """
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    if was_waiting and ctrl[C_ITEMS_WAITERS] > 0:
+        ctrl[C_ITEMS_WAITERS] -= 1
+    if ctrl[C_CLOSED] != 0:
+        _unlock(ctrl)
+        return codes.CLOSED
+    if ctrl[C_SIZE] == 0 or not items.can_sample(ctrl, fctrl, 1):
+        return _block(ctrl, C_ITEMS_WAITERS, C_ITEMS_SEQ, register, io)
+    kind = ctrl[C_SAMPLER_KIND]
+    max_times = ctrl[C_MAX_TIMES_SAMPLED]
+    count = 0
+    if max_times == 0 and (kind == codes.UNIFORM or kind == codes.PRIORITIZED):
+        # Nothing is deleted while sampling: draw the whole batch at once.
+        count = items.sample_credit(ctrl, fctrl, batch)
+        size = ctrl[C_SIZE]
+        tree = trees[0]
+        total = tree[1]
+        leaves = ctrl[C_TREE_LEAVES]
+        if kind == codes.PRIORITIZED and total > 0.0:
+            sumtree.draw_batch(tree, leaves, count, out_i[OUT_SLOT], out_f[OUT_PROBABILITY])
+            for j in range(count):
+                slot = out_i[OUT_SLOT, j]
+                _record(ctrl, meta, prio, slot, tree[leaves + slot] / total, out_i, out_f, j)
+        else:
+            for j in range(count):
+                slot = meta[M_LIVE, np.random.randint(0, size)]
+                _record(ctrl, meta, prio, slot, 1.0 / size, out_i, out_f, j)
+        ctrl[C_SAMPLES] += count
+    else:
+        while count < batch and ctrl[C_SIZE] > 0 and items.can_sample(ctrl, fctrl, 1):
+            probability = out_f[OUT_PROBABILITY, count:count + 1]
+            slot = items.select(ctrl, fctrl, meta, trees, 0, probability)
+            times = _record(ctrl, meta, prio, slot, probability[0], out_i, out_f, count)
+            ctrl[C_SAMPLES] += 1
+            if max_times > 0 and times >= max_times:
+                items.remove(ctrl, meta, prio, trees, slot)
+            count += 1
+    ctrl[C_TOTAL_SAMPLED] += count
+    # Seqlock: if C_RESERVES still equals this after the copy, no drawn slot was reused.
+    io[1] = ctrl[C_RESERVES]
+    # More samples (and any deletes) can unblock inserts.
+    _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, False, True)
+    return count
+
+
+@kernel
+def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_priorities, io):
+    """Deletes, then updates, items by key; unknown or stale keys are ignored.
+
+    Returns the number of deleted items; ``io[0]`` receives the number updated.
+    """
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    if ctrl[C_CLOSED] != 0:
+        _unlock(ctrl)
+        return codes.CLOSED
+    deleted = 0
+    for i in range(delete_keys.shape[0]):
+        slot = items.lookup(ctrl, meta, delete_keys[i])
+        if slot >= 0:
+            items.remove(ctrl, meta, prio, trees, slot)
+            deleted += 1
+    updated = 0
+    for i in range(update_keys.shape[0]):
+        slot = items.lookup(ctrl, meta, update_keys[i])
+        if slot >= 0:
+            items.update(ctrl, fctrl, meta, prio, trees, slot, update_priorities[i])
+            updated += 1
+    io[0] = updated
+    if deleted:
+        _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, False, deleted > 0)
+    return deleted
+
+
+@kernel
+def reset(ctrl, fctrl, meta, prio, trees):
+    """Removes every item and zeroes the rate limiter's counters; keys are not reused."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    removed = ctrl[C_SIZE]
+    items.clear(ctrl, meta, prio, trees)
+    ctrl[C_INSERTS] = 0
+    ctrl[C_SAMPLES] = 0
+    ctrl[C_DELETES] = 0
+    ctrl[C_NUM_UNIQUE] = 0
+    _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, False, True)
+    return removed
+
+
+@kernel
+def close(ctrl, fctrl, meta, prio, trees):
+    """Marks the table closed and wakes every waiter (they will see it closed)."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    ctrl[C_CLOSED] = 1
+    _bump(ctrl, C_ITEMS_SEQ)
+    _bump(ctrl, C_SPACE_SEQ)
+    _unlock(ctrl)
+    _sync.futex_wake_all(ctrl, C_ITEMS_SEQ)
+    _sync.futex_wake_all(ctrl, C_SPACE_SEQ)
+    return 0
+
+
+@kernel
+def rate_check(ctrl, fctrl, meta, prio, trees, n, inserting):
+    """``can_insert(n)`` if ``inserting`` else ``can_sample(n)``, under the lock."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    if inserting:
+        allowed = items.can_insert(ctrl, fctrl, n)
+    else:
+        allowed = items.can_sample(ctrl, fctrl, n)
+    _unlock(ctrl)
+    return 1 if allowed else 0
+
+
+@kernel
+def snapshot(ctrl, fctrl, meta, prio, trees, out):
+    """Copies the control words into ``out`` under the lock (a consistent view)."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    for i in range(out.shape[0]):
+        out[i] = ctrl[i]
+    _unlock(ctrl)
+    return 0
+
+
+@kernel
+def writing_slots(ctrl, fctrl, meta, prio, trees, out_slots, out_pids):
+    """Lists the WRITING slots and their writers' pids (to find dead writers)."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    count = 0
+    capacity = out_slots.shape[0]
+    for slot in range(capacity):
+        if meta[M_STATE, slot] == codes.WRITING:
+            out_slots[count] = slot
+            out_pids[count] = meta[M_WRITER, slot]
+            count += 1
+    _unlock(ctrl)
+    return count
+
+
+@kernel
+def seed(value):
+    np.random.seed(value)
+
+
+@kernel
+def wait(ctrl, word, expected, timeout_ns, timespec):
+    """Sleeps on a futex word until it changes or ``timeout_ns`` passes."""
+    return _sync.futex_wait(ctrl, word, expected, timeout_ns, timespec)
+
+
+@kernel
+def unwait(ctrl, fctrl, meta, prio, trees, waiters_word):
+    """Withdraws a waiter registration (the caller gave up: timeout)."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    if ctrl[waiters_word] > 0:
+        ctrl[waiters_word] -= 1
+    _unlock(ctrl)
+    return 0
+
+
+@kernel
+def wait_for_items(ctrl, fctrl, meta, prio, trees, was_waiting, register, io):
+    """Returns the table size once it is non-zero (BLOCKED while empty); takes nothing."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    if was_waiting and ctrl[C_ITEMS_WAITERS] > 0:
+        ctrl[C_ITEMS_WAITERS] -= 1
+    if ctrl[C_CLOSED] != 0:
+        _unlock(ctrl)
+        return codes.CLOSED
+    size = ctrl[C_SIZE]
+    if size == 0:
+        return _block(ctrl, C_ITEMS_WAITERS, C_ITEMS_SEQ, register, io)
+    _unlock(ctrl)
+    return size
+
+
+# --- lock-free helpers of the Python layer --------------------------------------------
+
+
+@kernel
+def ascending_run(slots):
+    """True if ``slots`` is ``[s, s + 1, ..., s + n - 1]`` (so a slice can replace fancy indexing)."""
+    for i in range(1, slots.shape[0]):
+        if slots[i] != slots[i - 1] + 1:
+            return False
+    return True
+
+
+@kernel
+def first_invalid_priority(priorities):
+    """Index of the first negative, NaN or infinite priority, or -1."""
+    for i in range(priorities.shape[0]):
+        p = priorities[i]
+        if not (p >= 0.0 and p < np.inf):
+            return i
+    return -1
+
+
+@kernel
+def torn_rows(meta, slots, versions, out_rows):
+    """Rows whose slot's version changed since it was drawn (the seqlock re-check)."""
+    count = 0
+    for i in range(slots.shape[0]):
+        if meta[M_VERSION, slots[i]] != versions[i]:
+            out_rows[count] = i
+            count += 1
+    return count
+
+
+@kernel
+def verify(ctrl, fctrl, meta, prio, trees):
+    """Checks the table's invariants under the lock; returns a bit mask of problems."""
+    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
+        return BROKEN
+    problems = verify_kernels.check(ctrl, fctrl, meta, prio, trees)
+    _unlock(ctrl)
+    return problems

@@ -1,0 +1,86 @@
+"""Invariant checks of one table's metadata (``Client.verify``), without locks.
+
+The caller holds the table's lock. Each check that fails sets one bit of the returned
+mask; ``shmreplay._table.PROBLEMS`` names the bits.
+"""
+
+import numpy as np
+
+from shmreplay._kernels import codes, heap, kernel
+from shmreplay._kernels.items import weight
+from shmreplay._layout import (
+    C_DELETES, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
+    C_TAIL, C_TREE_LEAVES, F_EXPONENT0, M_HEAP0, M_HEAP_POS0, M_LIVE, M_LIVE_POS, M_NEXT,
+    M_ORDER, M_STATE)
+
+SIZE = 1  # size counter != number of READY slots
+LIVE = 2  # dense live array inconsistent
+LIST = 4  # insertion-order list inconsistent
+TREE = 8  # a sum-tree node != sum of its children, or a leaf != priority ** exponent
+HEAP = 16  # heap order or positions broken
+COUNTERS = 32  # inserts - deletes != size, or pending != WRITING slots
+
+
+@kernel
+def check(ctrl, fctrl, meta, prio, trees):
+    problems = 0
+    fresh = ctrl[C_FRESH]
+    size = ctrl[C_SIZE]
+    ready = 0
+    writing = 0
+    for slot in range(fresh):
+        state = meta[M_STATE, slot]
+        if state == codes.READY:
+            ready += 1
+            pos = meta[M_LIVE_POS, slot]
+            if pos < 0 or pos >= size or meta[M_LIVE, pos] != slot:
+                problems |= LIVE
+        elif state == codes.WRITING:
+            writing += 1
+    if ready != size:
+        problems |= SIZE
+    if ctrl[C_INSERTS] - ctrl[C_DELETES] != size or ctrl[C_PENDING] != writing:
+        problems |= COUNTERS
+    # The list visits every live item once, in increasing insertion order.
+    count = 0
+    slot = ctrl[C_HEAD]
+    last_order = -1
+    previous = -1
+    while slot >= 0 and count <= size:
+        if meta[M_STATE, slot] != codes.READY or meta[M_ORDER, slot] <= last_order:
+            problems |= LIST
+        last_order = meta[M_ORDER, slot]
+        previous = slot
+        slot = meta[M_NEXT, slot]
+        count += 1
+    if count != size or (size > 0 and previous != ctrl[C_TAIL]):
+        problems |= LIST
+    leaves = ctrl[C_TREE_LEAVES]
+    for role in range(2):
+        kind = ctrl[C_SAMPLER_KIND + role]
+        if kind == codes.PRIORITIZED:
+            tree = trees[role]
+            for slot in range(fresh):
+                expected = 0.0
+                if meta[M_STATE, slot] == codes.READY:
+                    expected = weight(prio[slot], fctrl[F_EXPONENT0 + role])
+                if tree[leaves + slot] != expected:
+                    problems |= TREE
+            for node in range(1, leaves):
+                total = tree[2 * node] + tree[2 * node + 1]
+                if abs(tree[node] - total) > 1e-9 * max(1.0, abs(total)):
+                    problems |= TREE
+        elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+            n = ctrl[C_HEAP_N0 + role]
+            if n != size:
+                problems |= HEAP
+            is_min = kind == codes.MIN_HEAP
+            for pos in range(n):
+                slot = meta[M_HEAP0 + role, pos]
+                if meta[M_HEAP_POS0 + role, slot] != pos or meta[M_STATE, slot] != codes.READY:
+                    problems |= HEAP
+                if pos > 0:
+                    parent = meta[M_HEAP0 + role, (pos - 1) // 2]
+                    if heap.before(meta, prio, slot, parent, is_min):
+                        problems |= HEAP
+    return problems

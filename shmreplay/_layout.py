@@ -1,0 +1,236 @@
+"""Every byte of a buffer's shared memory is placed here, and nowhere else.
+
+A buffer named ``NAME`` is a set of POSIX shared-memory segments:
+
+``/shmreplay.NAME`` (the *header segment*, created by the Server)::
+
+    0       HEADER        256 bytes, the structured dtype ``HEADER`` below
+    256     config blob   cloudpickle of the tables' configurations (``Table`` objects)
+    ...     table 0       control block, slot metadata, priorities, sum-trees
+    ...     table 1       ...
+
+``/shmreplay.NAME.tI`` (the *data segment* of table ``I``, created when its columns
+are known: by the Server when the table has a signature, else by the first insert)::
+
+    0       DATA_HEADER   64 bytes: magic, layout version, schema length, complete flag
+    64      schema blob   cloudpickle of the signature (a nest of TensorSpec)
+    ...     column 0      [capacity, *shape] of its dtype, 64-byte aligned
+    ...     column 1      ...
+
+One table region is five arrays (kernels receive them as views, never offsets):
+
+* ``ctrl``  int64[CTRL_WORDS]: words 0..7 hold the process-shared robust pthread mutex,
+  the rest the ``C_*`` counters and settings below. Two words are futexes (their low
+  32 bits): ``C_ITEMS_SEQ`` (bumped when items appear) and ``C_SPACE_SEQ`` (bumped when
+  room or sample credit appears).
+* ``fctrl`` float64[F_WORDS]: the ``F_*`` float settings (rate limiter, exponents).
+* ``meta``  int64[META_ROWS, capacity]: one row per ``M_*`` field, indexed by slot:
+  per-slot fields (key, state, ...), plus the dense ``M_LIVE`` array of live slots, the
+  ``M_FREE`` stack of free slots and the two heaps ``M_HEAP0/1``.
+* ``prio``  float64[capacity]: each slot's priority.
+* ``trees`` float64[2, 2 * P]: a 1-indexed sum-tree per selector role (0 = sampler,
+  1 = remover) whose leaves ``P + slot`` hold ``priority ** exponent``.
+
+Capacity is ``max_size + spare`` slots: ``spare`` slots let writers copy new items while
+the table is full (the remover evicts at commit, as Reverb does). Pages that are never
+written cost no memory (tmpfs allocates on first touch), so a large ``max_size`` is cheap.
+"""
+
+import dataclasses
+from typing import List
+
+import numpy as np
+
+from shmreplay._kernels import codes
+
+MAGIC = b"SHMRPLY1"
+DATA_MAGIC = b"SHMRPLYD"
+LAYOUT_VERSION = 1
+ALIGN = 64
+SEGMENT_PREFIX = "shmreplay."
+
+# Header states.
+STATE_CREATING = 0
+STATE_ACTIVE = 1
+STATE_STOPPED = 2
+
+HEADER = np.dtype([
+    ("magic", "S8"),
+    ("layout_version", "<u4"),
+    ("header_size", "<u4"),
+    ("total_bytes", "<i8"),
+    ("owner_pid", "<i8"),
+    ("owner_start", "<i8"),     # the owner's start time (clock ticks), against pid reuse
+    ("owner_uid", "<i8"),
+    ("state", "<i8"),
+    ("num_tables", "<i8"),
+    ("config_offset", "<i8"),
+    ("config_len", "<i8"),
+    ("tables_offset", "<i8"),
+    ("created_ns", "<i8"),
+])
+HEADER_SIZE = 256
+assert HEADER.itemsize <= HEADER_SIZE
+
+DATA_HEADER = np.dtype([
+    ("magic", "S8"),
+    ("layout_version", "<u4"),
+    ("complete", "<u4"),
+    ("schema_len", "<i8"),
+    ("total_bytes", "<i8"),
+])
+DATA_HEADER_SIZE = 64
+
+# ctrl words. 0..7 are the mutex (glibc's pthread_mutex_t is 40 bytes on x86_64).
+MUTEX_WORDS = 8
+(C_CLOSED, C_CAPACITY, C_MAX_SIZE, C_MAX_TIMES_SAMPLED, C_SAMPLER_KIND, C_REMOVER_KIND,
+ C_MIN_SIZE, C_SLOT_BITS, C_TREE_LEAVES,
+ C_SIZE, C_INSERTS, C_SAMPLES, C_DELETES, C_PENDING,
+ C_NEXT_ID, C_ORDER_SEQ, C_UPDATE_SEQ, C_HEAD, C_TAIL, C_FREE_TOP, C_FRESH,
+ C_HEAP_N0, C_HEAP_N1, C_ITEMS_SEQ, C_SPACE_SEQ, C_ITEMS_WAITERS, C_SPACE_WAITERS,
+ C_NUM_UNIQUE, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TOTAL_DELETED, C_RECOVERIES,
+ C_SCHEMA_READY, C_RESERVES) = range(MUTEX_WORDS, MUTEX_WORDS + 34)
+CTRL_WORDS = 48
+
+(F_SAMPLES_PER_INSERT, F_MIN_DIFF, F_MAX_DIFF, F_EXPONENT0, F_EXPONENT1) = range(5)
+F_WORDS = 8
+
+# meta rows: per-slot fields ...
+(M_KEY, M_STATE, M_VERSION, M_WRITER, M_ORDER, M_TIMES, M_UPDATE, M_LIVE_POS,
+ M_PREV, M_NEXT, M_HEAP_POS0, M_HEAP_POS1,
+ # ... and dense structures indexed by position, not slot.
+ M_LIVE, M_FREE, M_HEAP0, M_HEAP1) = range(16)
+META_ROWS = 16
+
+
+def _align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+def spare_slots(max_size: int) -> int:
+    """Extra slots for items being written while the table is full."""
+    return max(64, min(max_size, 65536))
+
+
+def slot_bits(capacity: int) -> int:
+    return max(1, int(capacity - 1).bit_length())
+
+
+def tree_leaves(capacity: int) -> int:
+    """P: the number of leaves of a sum-tree over ``capacity`` slots (a power of two)."""
+    return 1 << max(0, int(capacity - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class TableRegion:
+    """Where one table's arrays live in the header segment."""
+
+    offset: int
+    capacity: int
+    tree_leaves: int       # 0 when no selector of the table is Prioritized
+    ctrl: int
+    fctrl: int
+    meta: int
+    prio: int
+    trees: int
+    end: int
+
+
+def plan_table(offset: int, table) -> TableRegion:
+    """Places one table's region at ``offset`` (64-byte aligned pieces)."""
+    capacity = table.max_size + spare_slots(table.max_size)
+    kinds = (table.sampler.kind, table.remover.kind)
+    leaves = tree_leaves(capacity) if codes.PRIORITIZED in kinds else 0
+    ctrl = _align(offset)
+    fctrl = _align(ctrl + CTRL_WORDS * 8)
+    meta = _align(fctrl + F_WORDS * 8)
+    prio = _align(meta + META_ROWS * capacity * 8)
+    trees = _align(prio + capacity * 8)
+    end = _align(trees + 2 * max(2 * leaves, 1) * 8)
+    return TableRegion(offset, capacity, leaves, ctrl, fctrl, meta, prio, trees, end)
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferPlan:
+    config_offset: int
+    config_len: int
+    tables: List[TableRegion]
+    total_bytes: int
+
+
+def plan_buffer(tables, config_len: int) -> BufferPlan:
+    """The byte map of a header segment holding ``tables`` and a config blob."""
+    config_offset = HEADER_SIZE
+    offset = _align(config_offset + config_len, 4096)
+    regions = []
+    for table in tables:
+        region = plan_table(offset, table)
+        regions.append(region)
+        offset = region.end
+    return BufferPlan(config_offset, config_len, regions, _align(offset, 4096))
+
+
+@dataclasses.dataclass
+class TableViews:
+    """The numpy views of one table region (what the kernels receive)."""
+
+    ctrl: np.ndarray
+    fctrl: np.ndarray
+    meta: np.ndarray
+    prio: np.ndarray
+    trees: np.ndarray
+
+
+def table_views(buf, region: TableRegion) -> TableViews:
+    cap = region.capacity
+    tree_len = max(2 * region.tree_leaves, 1)
+    return TableViews(
+        ctrl=np.frombuffer(buf, np.int64, CTRL_WORDS, region.ctrl),
+        fctrl=np.frombuffer(buf, np.float64, F_WORDS, region.fctrl),
+        meta=np.frombuffer(buf, np.int64, META_ROWS * cap, region.meta).reshape(META_ROWS, cap),
+        prio=np.frombuffer(buf, np.float64, cap, region.prio),
+        trees=np.frombuffer(buf, np.float64, 2 * tree_len, region.trees).reshape(2, tree_len),
+    )
+
+
+def header_view(buf) -> np.ndarray:
+    """The header record (a 0-d structured array view)."""
+    return np.frombuffer(buf, HEADER, 1, 0)[0:1]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataPlan:
+    schema_offset: int
+    columns: List[int]     # byte offset of each column
+    total_bytes: int
+
+
+def plan_data(column_specs, capacity: int, schema_len: int) -> DataPlan:
+    """The byte map of a table's data segment."""
+    offset = _align(DATA_HEADER_SIZE + schema_len, 4096)
+    columns = []
+    for spec in column_specs:
+        columns.append(offset)
+        row = int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
+        offset = _align(offset + capacity * row)
+    return DataPlan(DATA_HEADER_SIZE, columns, _align(max(offset, 4096), 4096))
+
+
+def column_views(buf, plan: DataPlan, column_specs, capacity: int) -> List[np.ndarray]:
+    views = []
+    for offset, spec in zip(plan.columns, column_specs):
+        count = capacity * int(np.prod(spec.shape, dtype=np.int64))
+        views.append(np.frombuffer(buf, spec.dtype, count, offset).reshape((capacity,) + spec.shape))
+    return views
+
+
+def data_header_view(buf) -> np.ndarray:
+    return np.frombuffer(buf, DATA_HEADER, 1, 0)[0:1]
+
+
+def header_segment_name(buffer_name: str) -> str:
+    return "/" + SEGMENT_PREFIX + buffer_name
+
+
+def data_segment_name(buffer_name: str, table_index: int) -> str:
+    return f"/{SEGMENT_PREFIX}{buffer_name}.t{table_index}"

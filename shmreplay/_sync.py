@@ -1,0 +1,113 @@
+"""Cross-process synchronization: the locking protocol lives in this file.
+
+The protocol
+------------
+* **One lock per table**: a process-shared, *robust* pthread mutex stored in the first
+  64 bytes of the table's ``ctrl`` array. It guards all table metadata (slot states,
+  keys, priorities, sum-trees, heaps, lists, counters). It is taken and released only
+  inside the jitted entry points of ``shmreplay._kernels.table`` (one native call per
+  operation, no Python between lock and unlock), never around a bulk data copy, and
+  never together with another table's lock (so there is no lock order to get wrong).
+* **Item data is copied outside the lock.** Inserts reserve slots (state WRITING),
+  copy, then commit (state READY). Samples draw slots and record each slot's
+  ``version`` under the lock, copy, then re-check the versions (a seqlock): a slot that
+  was evicted and rewritten during the copy is drawn again, so no torn item escapes.
+* **Dead holder.** The kernel releases a robust mutex when its holder dies, and the
+  next locker gets ``EOWNERDEAD``. That locker rebuilds every derived structure from
+  the slot states (which are written last, so they are always meaningful), marks the
+  mutex consistent and goes on. Nobody waits for a dead process.
+* **Dead writer.** A writer that dies between reserve and commit leaves WRITING slots
+  stamped with its pid. A blocked inserter (and ``verify``) checks those pids and frees
+  the slots of dead writers (``reclaim``), so their reservation never starves others.
+* **Waiting never spins.** A call that the rate limiter blocks registers as a waiter
+  and sleeps on a futex word (``C_ITEMS_SEQ`` for samplers, ``C_SPACE_SEQ`` for
+  inserters) with the sequence value it read under the lock, so a change made after it
+  unlocked wakes it at once (no lost wake-up). Every change bumps the word under the
+  lock and, if waiters are registered, wakes them after unlocking. Sleeps are cut into
+  slices of ``WAIT_SLICE`` seconds, so a waiter re-checks even if a waker died between
+  bump and wake.
+* **Stop.** ``Server.stop`` sets ``C_CLOSED`` in every table, bumps and wakes both
+  words, then unlinks the segments; blocked calls return ``BufferBrokenError``.
+
+This module holds the native primitives (declared as numba external functions so the
+kernels that call them can be cached on disk) and the Python-side mutex setup.
+"""
+
+import ctypes
+import errno
+
+import numpy as np
+from numba import types
+
+from shmreplay._kernels import kernel
+
+WAIT_SLICE = 0.05  # seconds; a waiter re-checks at least this often
+
+EOWNERDEAD = errno.EOWNERDEAD
+ENOTRECOVERABLE = errno.ENOTRECOVERABLE
+ETIMEDOUT = errno.ETIMEDOUT
+_SYS_FUTEX = 202  # x86_64
+_FUTEX_WAIT = 0
+_FUTEX_WAKE = 1
+
+# Resolved by symbol name at load time, so kernels using them can be cached.
+mutex_lock = types.ExternalFunction("pthread_mutex_lock", types.int32(types.voidptr))
+mutex_unlock = types.ExternalFunction("pthread_mutex_unlock", types.int32(types.voidptr))
+mutex_consistent = types.ExternalFunction("pthread_mutex_consistent", types.int32(types.voidptr))
+_syscall6 = types.ExternalFunction(
+    "syscall", types.int64(types.int64, types.voidptr, types.int64, types.int64,
+                           types.voidptr, types.voidptr, types.int64))
+
+
+@kernel
+def futex_wake_all(word_array, index):
+    """Wakes every process sleeping on ``word_array[index]`` (its low 32 bits)."""
+    address = word_array.ctypes.data + index * 8
+    return _syscall6(_SYS_FUTEX, address, _FUTEX_WAKE, 0x7FFFFFFF, 0, 0, 0)
+
+
+@kernel
+def futex_wait(word_array, index, expected, timeout_ns, timespec):
+    """Sleeps while ``word_array[index]``'s low 32 bits equal ``expected``, at most ``timeout_ns``.
+
+    ``timespec`` is an int64 scratch array of 2 (kernels do not allocate).
+    """
+    timespec[0] = timeout_ns // 1_000_000_000
+    timespec[1] = timeout_ns % 1_000_000_000
+    address = word_array.ctypes.data + index * 8
+    return _syscall6(_SYS_FUTEX, address, _FUTEX_WAIT, expected & 0xFFFFFFFF,
+                     timespec.ctypes.data, 0, 0)
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    for name in ("pthread_mutexattr_init", "pthread_mutexattr_destroy"):
+        getattr(libc, name).argtypes = [ctypes.c_void_p]
+    for name in ("pthread_mutexattr_setpshared", "pthread_mutexattr_setrobust"):
+        getattr(libc, name).argtypes = [ctypes.c_void_p, ctypes.c_int]
+    libc.pthread_mutex_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return libc
+
+
+_PTHREAD_PROCESS_SHARED = 1
+_PTHREAD_MUTEX_ROBUST = 1
+
+
+def init_robust_mutex(ctrl: np.ndarray):
+    """Initializes the process-shared robust mutex in ``ctrl``'s first 64 bytes.
+
+    Only the creator of a table calls this, before anyone else can see the table.
+    """
+    libc = _libc()
+    attr = ctypes.create_string_buffer(64)
+    for call, args in ((libc.pthread_mutexattr_init, ()),
+                       (libc.pthread_mutexattr_setpshared, (_PTHREAD_PROCESS_SHARED,)),
+                       (libc.pthread_mutexattr_setrobust, (_PTHREAD_MUTEX_ROBUST,)),
+                       (libc.pthread_mutex_init, None)):
+        if args is None:
+            result = call(ctrl.ctypes.data, attr)
+        else:
+            result = call(attr, *args)
+        if result != 0:
+            raise OSError(result, f"{call.__name__} failed")
+    libc.pthread_mutexattr_destroy(attr)

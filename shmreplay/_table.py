@@ -1,0 +1,497 @@
+"""The engine of one table: shared-memory views, blocking, data copies, error mapping.
+
+A ``TableEngine`` is one process's handle on one table. It owns no state of its own
+beyond the mapped views: everything lives in shared memory. The facade (``client.py``)
+validates user input; this module turns it into kernel calls following the protocol of
+``shmreplay._sync``: reserve slots, copy rows without the lock, commit; draw slots,
+copy rows without the lock, re-check slot versions.
+"""
+
+import os
+import time
+
+import cloudpickle
+import numpy as np
+
+from shmreplay import _layout as L
+from shmreplay import _segment, _sync, errors, specs
+from shmreplay._kernels import codes
+from shmreplay._kernels import table as kernels
+from shmreplay.replay_sample import (
+    RateLimiterCallStats, RateLimiterInfo, ReplaySample, SampleInfo, TableInfo)
+
+_RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
+
+
+def _seed_rng():
+    kernels.seed(int.from_bytes(os.urandom(4), "little"))
+
+
+# numba keeps its own RNG per process: seed it from the OS here (spawned processes import
+# this module anew) and again in forked children, which would replay the parent's draws.
+_seed_rng()
+os.register_at_fork(after_in_child=_seed_rng)
+
+
+class TableEngine:
+    """One process's handle on one table of a buffer."""
+
+    def __init__(self, buffer_name: str, index: int, config, region: L.TableRegion, buf):
+        self.buffer_name = buffer_name
+        self.index = index
+        self.config = config
+        self.name = config.name
+        self.region = region
+        self.capacity = region.capacity
+        views = L.table_views(buf, region)
+        self.ctrl = views.ctrl
+        self.arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
+        self.meta = views.meta
+        self.data_segment = None
+        self.columns = None
+        self.column_specs = None
+        self.treedef = None
+        self.paths = None
+        self.signature = None
+        self._flat_keys = None
+        self._pid = os.getpid()
+
+    # --- creation (owner only) --------------------------------------------------------
+
+    def initialize(self):
+        """Writes the table's settings and mutex into fresh (zeroed) shared memory."""
+        config, ctrl = self.config, self.ctrl
+        fctrl = self.arrays[1]
+        limiter = config.rate_limiter
+        ctrl[L.C_CAPACITY] = self.capacity
+        ctrl[L.C_MAX_SIZE] = config.max_size
+        ctrl[L.C_MAX_TIMES_SAMPLED] = config.max_times_sampled
+        ctrl[L.C_SAMPLER_KIND] = config.sampler.kind
+        ctrl[L.C_REMOVER_KIND] = config.remover.kind
+        ctrl[L.C_MIN_SIZE] = limiter.min_size_to_sample
+        ctrl[L.C_SLOT_BITS] = L.slot_bits(self.capacity)
+        ctrl[L.C_TREE_LEAVES] = self.region.tree_leaves
+        ctrl[L.C_NEXT_ID] = 1
+        ctrl[L.C_HEAD] = -1
+        ctrl[L.C_TAIL] = -1
+        fctrl[L.F_SAMPLES_PER_INSERT] = limiter.samples_per_insert
+        fctrl[L.F_MIN_DIFF] = limiter.min_diff
+        fctrl[L.F_MAX_DIFF] = limiter.max_diff
+        for role, selector in enumerate((config.sampler, config.remover)):
+            fctrl[L.F_EXPONENT0 + role] = getattr(selector, "priority_exponent", 1.0)
+        _sync.init_robust_mutex(ctrl)
+        if config.signature is not None:
+            self._create_data_segment(config.signature, config.column_specs)
+
+    # --- columns (the data segment) -----------------------------------------------------
+
+    def _create_data_segment(self, signature, column_specs):
+        blob = cloudpickle.dumps(signature)
+        plan = L.plan_data(column_specs, self.capacity, len(blob))
+        name = L.data_segment_name(self.buffer_name, self.index)
+        segment = _segment.Segment.create(name, plan.total_bytes)
+        header = L.data_header_view(segment.buf)
+        header["magic"] = L.DATA_MAGIC
+        header["layout_version"] = L.LAYOUT_VERSION
+        header["schema_len"] = len(blob)
+        header["total_bytes"] = plan.total_bytes
+        segment.buf[plan.schema_offset:plan.schema_offset + len(blob)] = blob
+        header["complete"] = 1
+        self._map_columns(segment, signature, column_specs, plan)
+        self.ctrl[L.C_SCHEMA_READY] = 1
+
+    def _attach_data_segment(self):
+        name = L.data_segment_name(self.buffer_name, self.index)
+        segment = _segment.Segment.attach(name, f"table '{self.name}' data")
+        header = L.data_header_view(segment.buf)
+        if (header["magic"][0] != L.DATA_MAGIC or header["layout_version"][0] != L.LAYOUT_VERSION
+                or header["total_bytes"][0] != segment.size):
+            segment.close()
+            raise errors.LayoutMismatchError(
+                f"Table '{self.name}': data segment {name} has a foreign or corrupt header.")
+        if header["complete"][0] != 1:
+            segment.close()
+            return False
+        length = int(header["schema_len"][0])
+        if not 0 < length < segment.size - L.DATA_HEADER_SIZE:
+            segment.close()
+            raise errors.LayoutMismatchError(
+                f"Table '{self.name}': data segment {name} has an impossible schema length {length}.")
+        signature = cloudpickle.loads(segment.buf[L.DATA_HEADER_SIZE:L.DATA_HEADER_SIZE + length])
+        _, _, column_specs = specs.normalize_signature(signature, self.name)
+        plan = L.plan_data(column_specs, self.capacity, length)
+        if plan.total_bytes != segment.size:
+            segment.close()
+            raise errors.LayoutMismatchError(
+                f"Table '{self.name}': data segment {name} has {segment.size} bytes, "
+                f"its schema needs {plan.total_bytes}.")
+        self._map_columns(segment, signature, column_specs, plan)
+        return True
+
+    def _map_columns(self, segment, signature, column_specs, plan):
+        self.data_segment = segment
+        self.signature = signature
+        self.column_specs = column_specs
+        _, self.treedef = specs.flatten(signature)
+        self.paths = specs.path_strings(self.treedef)
+        self.columns = L.column_views(segment.buf, plan, column_specs, self.capacity)
+
+    def fast_leaves(self, data):
+        """The leaves of ``data`` if they match the columns exactly, else None.
+
+        Covers the common actor case (a flat dict or tuple of arrays and Python
+        scalars) in a few hundred nanoseconds; anything else takes the general path,
+        which converts, validates and explains mismatches.
+        """
+        keys = self._flat_keys
+        if keys is None:
+            if not self.has_columns():
+                return None
+            keys = self._flat_keys = _flat_access(self.treedef)
+            if keys is None:
+                return None
+        if type(data) is dict:
+            if keys is False or len(data) != len(keys):
+                return None
+            try:
+                leaves = [data[key] for key in keys]
+            except (KeyError, TypeError):
+                return None
+        elif type(data) is tuple and keys is False and len(data) == len(self.columns):
+            leaves = list(data)
+        else:
+            return None
+        for leaf, spec in zip(leaves, self.column_specs):
+            kind = type(leaf)
+            if kind is np.ndarray:
+                if leaf.shape != spec.shape or (leaf.dtype is not spec.dtype
+                                                and leaf.dtype != spec.dtype):
+                    return None
+            elif kind is float:
+                if spec.dtype.kind != "f":
+                    return None
+            elif kind is int:
+                if spec.dtype.kind not in "iuf":
+                    return None
+            elif isinstance(leaf, np.generic):
+                if spec.shape != () or leaf.dtype != spec.dtype:
+                    return None
+            else:
+                return None
+        return leaves
+
+    def has_columns(self) -> bool:
+        """Maps the columns if some process has defined them; False if none has yet."""
+        if self.columns is not None:
+            return True
+        if self.ctrl[L.C_SCHEMA_READY] == 0:
+            return False
+        return self._attach_data_segment()
+
+    def propose_columns(self, treedef, leaves, batched: bool):
+        """The ``(treedef, column_specs)`` that the first item would define (no side effects).
+
+        Raises:
+          SchemaError: if a leaf's dtype cannot be stored.
+        """
+        paths = specs.path_strings(treedef)
+        column_specs = []
+        for path, leaf in zip(paths, leaves):
+            specs.check_storable_dtype(leaf.dtype, f"Table '{self.name}', column {path}")
+            shape = leaf.shape[1:] if batched else leaf.shape
+            column_specs.append(specs.TensorSpec(shape, leaf.dtype))
+        return treedef, column_specs
+
+    def define_columns(self, treedef, column_specs):
+        """Fixes the columns (tables without a signature); a no-op if another process did."""
+        signature = specs.optree.tree_unflatten(treedef, column_specs)
+        deadline = time.monotonic() + 2.0
+        while not self.has_columns():
+            try:
+                self._create_data_segment(signature, column_specs)
+                return
+            except FileExistsError:
+                # Another process is creating it right now; if it died half-way, take over.
+                if time.monotonic() > deadline:
+                    _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
+                    deadline = time.monotonic() + 2.0
+                time.sleep(0.001)
+
+    # --- blocking calls ---------------------------------------------------------------
+
+    def _raise_status(self, status):
+        if status == codes.CLOSED:
+            raise errors.BufferBrokenError(
+                f"Buffer '{self.buffer_name}' was stopped by its owner (table '{self.name}').")
+        raise errors.BufferBrokenError(
+            f"Table '{self.name}' of buffer '{self.buffer_name}' is corrupt (status {status}).")
+
+    def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None):
+        """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between."""
+        if io is None:
+            io = np.zeros(2, np.int64)
+        timespec = np.zeros(2, np.int64)
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        was_waiting = 0
+        next_reclaim = time.monotonic() + _RECLAIM_EVERY
+        while True:
+            register = 0 if timeout is not None and timeout <= 0 else 1
+            status = call(*self.arrays, *make_args(was_waiting, register), io)
+            if status >= 0:
+                return status
+            if status != codes.BLOCKED:
+                self._raise_status(status)
+            was_waiting = register
+            now = time.monotonic()
+            remaining = _sync.WAIT_SLICE if deadline is None else min(deadline - now,
+                                                                      _sync.WAIT_SLICE)
+            if remaining <= 0:
+                if register:
+                    kernels.unwait(*self.arrays, waiters_word)
+                raise errors.DeadlineExceededError(
+                    f"Table '{self.name}': the rate limiter did not allow the "
+                    f"{'insert' if inserting else 'sample'} within the timeout of {timeout} s.")
+            kernels.wait(self.ctrl, seq_word, io[0], int(remaining * 1e9), timespec)
+            if inserting and time.monotonic() >= next_reclaim:
+                self.reclaim_dead_writers()
+                next_reclaim = time.monotonic() + _RECLAIM_EVERY
+
+    def insert_one(self, leaves, priority: float, timeout):
+        """Inserts one validated item: reserve, copy without the lock, commit. Returns its key."""
+        slot = kernels.reserve_one(*self.arrays, os.getpid())
+        if slot < 0:
+            if slot != codes.BLOCKED:
+                self._raise_status(slot)
+            slot = self.reserve(1, timeout)[0]
+        try:
+            for column, leaf in zip(self.columns, leaves):
+                column[slot] = leaf
+        except BaseException:
+            self.cancel(np.array([slot]))
+            raise
+        key = kernels.commit_one(*self.arrays, slot, priority, np.empty(2))
+        if key < 0:
+            self._raise_status(key)
+        return key
+
+    def reserve(self, n: int, timeout):
+        """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots)."""
+        slots = np.empty(n, np.int64)
+        pid = os.getpid()
+        self._blocking(kernels.reserve, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
+                       lambda was_waiting, register: (n, pid, was_waiting, register, slots))
+        return slots
+
+    def write(self, slots, leaves, batched: bool):
+        """Copies one item's (or a batch's) leaves into the reserved slots, without the lock."""
+        if batched:
+            if kernels.ascending_run(slots):
+                rows = slice(int(slots[0]), int(slots[0]) + len(slots))
+            else:
+                rows = slots
+            for column, leaf in zip(self.columns, leaves):
+                column[rows] = leaf
+        else:
+            slot = slots[0]
+            for column, leaf in zip(self.columns, leaves):
+                column[slot] = leaf
+
+    def commit(self, slots, priorities):
+        keys = np.empty(len(slots), np.int64)
+        status = kernels.commit(*self.arrays, slots, priorities, keys, np.empty(2))
+        if status < 0:
+            self._raise_status(status)
+        return keys.view(np.uint64)
+
+    def cancel(self, slots):
+        kernels.cancel(*self.arrays, slots, np.full(len(slots), os.getpid(), np.int64))
+
+    def reclaim_dead_writers(self) -> int:
+        """Frees slots reserved by writers that died before committing them."""
+        slots = np.empty(self.capacity, np.int64)
+        pids = np.empty(self.capacity, np.int64)
+        count = kernels.writing_slots(*self.arrays, slots, pids)
+        dead = [i for i in range(max(count, 0)) if not _pid_alive(int(pids[i]))]
+        if not dead:
+            return 0
+        return kernels.cancel(*self.arrays, slots[dead], pids[dead])
+
+    # --- sampling ---------------------------------------------------------------------
+
+    def sample(self, batch_size: int, timeout):
+        """Draws up to ``batch_size`` items and copies them; returns a ReplaySample."""
+        if self.columns is None and not self.has_columns():
+            # Nothing was ever inserted: wait for the first item, then map its columns.
+            self._blocking(kernels.wait_for_items, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout,
+                           False, lambda was_waiting, register: (was_waiting, register))
+            self.has_columns()
+        out_i = np.empty((kernels.OUT_INT_ROWS, batch_size), np.int64)
+        out_f = np.empty((kernels.OUT_FLOAT_ROWS, batch_size), np.float64)
+        io = np.empty(2, np.int64)
+        count = kernels.sample(*self.arrays, batch_size, 0, 0, out_i, out_f, io)
+        if count < 0:
+            if count != codes.BLOCKED:
+                self._raise_status(count)
+            count = self._blocking(
+                kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout, False,
+                lambda was_waiting, register: (batch_size, was_waiting, register, out_i, out_f),
+                io)
+        if count < batch_size:
+            out_i = out_i[:, :count]
+            out_f = out_f[:, :count]
+        slots = out_i[kernels.OUT_SLOT]
+        data = [column.take(slots, axis=0) for column in self.columns]
+        if self.ctrl[L.C_RESERVES] != io[1]:  # some slot was reused meanwhile: check ours
+            torn = np.empty(count, np.int64)
+            if kernels.torn_rows(self.meta, slots, out_i[kernels.OUT_VERSION], torn):
+                self._redraw_torn_rows(out_i, out_f, data, torn)
+        info = SampleInfo(
+            key=out_i[kernels.OUT_KEY].view(np.uint64),
+            probability=out_f[kernels.OUT_PROBABILITY],
+            table_size=out_i[kernels.OUT_TABLE_SIZE],
+            priority=out_f[kernels.OUT_PRIORITY],
+            times_sampled=out_i[kernels.OUT_TIMES].astype(np.int32))
+        return ReplaySample(info, self._unflatten(data))
+
+    def _unflatten(self, leaves):
+        keys = self._flat_keys
+        if keys:  # a flat dict: skip optree
+            return dict(zip(keys, leaves))
+        return specs.optree.tree_unflatten(self.treedef, leaves)
+
+    def _redraw_torn_rows(self, out_i, out_f, data, torn):
+        """Seqlock repair: redraw rows whose slot was rewritten while we copied it."""
+        while True:
+            count = kernels.torn_rows(self.meta, out_i[kernels.OUT_SLOT],
+                                      out_i[kernels.OUT_VERSION], torn)
+            if count == 0:
+                return
+            for row in torn[:count]:
+                new_i = np.empty((kernels.OUT_INT_ROWS, 1), np.int64)
+                new_f = np.empty((kernels.OUT_FLOAT_ROWS, 1), np.float64)
+                self._blocking(kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, None, False,
+                               lambda was_waiting, register: (1, was_waiting, register,
+                                                              new_i, new_f))
+                out_i[:, row] = new_i[:, 0]
+                out_f[:, row] = new_f[:, 0]
+                for column, values in zip(self.columns, data):
+                    values[row] = column[new_i[kernels.OUT_SLOT, 0]]
+
+    # --- the rest -----------------------------------------------------------------------
+
+    def mutate(self, delete_keys, update_keys, update_priorities):
+        io = np.zeros(1, np.int64)
+        status = kernels.mutate(*self.arrays, delete_keys, update_keys, update_priorities, io)
+        if status < 0:
+            self._raise_status(status)
+        return status, int(io[0])
+
+    def reset(self):
+        status = kernels.reset(*self.arrays)
+        if status < 0:
+            self._raise_status(status)
+
+    def close(self):
+        """Marks the table closed for every process (owner's stop)."""
+        kernels.close(*self.arrays)
+
+    def verify(self):
+        """The names of the invariants this table violates (empty when healthy)."""
+        from shmreplay._kernels import verify as checks
+        status = kernels.verify(*self.arrays)
+        if status < 0:
+            self._raise_status(status)
+        names = {checks.SIZE: "size counter != live items",
+                 checks.LIVE: "live-item index inconsistent",
+                 checks.LIST: "insertion-order list inconsistent",
+                 checks.TREE: "sum-tree does not match the priorities",
+                 checks.HEAP: "heap order or positions broken",
+                 checks.COUNTERS: "rate-limiter or pending counters inconsistent"}
+        return [text for bit, text in names.items() if status & bit]
+
+    def can_insert(self, n: int) -> bool:
+        return self._rate_check(n, True)
+
+    def can_sample(self, n: int) -> bool:
+        return self._rate_check(n, False)
+
+    def _rate_check(self, n, inserting):
+        status = kernels.rate_check(*self.arrays, int(n), inserting)
+        if status < 0:
+            self._raise_status(status)
+        return bool(status)
+
+    def counters(self) -> np.ndarray:
+        out = np.empty(L.CTRL_WORDS, np.int64)
+        status = kernels.snapshot(*self.arrays, out)
+        if status < 0:
+            self._raise_status(status)
+        return out
+
+    def info(self) -> TableInfo:
+        c = self.counters()
+        self.has_columns()
+        return _make_info(self.config, self.signature if self.signature is not None
+                          else self.config.signature, c)
+
+    def detach(self):
+        """Drops this process's views (the segments stay for other processes)."""
+        self.columns = None
+        if self.data_segment is not None:
+            self.data_segment.close()
+            self.data_segment = None
+
+
+def _flat_access(treedef):
+    """How ``fast_leaves`` reads a flat nest: sorted dict keys, False for a flat tuple,
+    None when the nest is deeper (no fast path)."""
+    node = specs.optree.treespec_entries(treedef)
+    children = treedef.children()
+    if any(child.num_nodes != 1 for child in children):
+        return None
+    if treedef.kind == specs.optree.PyTreeKind.DICT:
+        return list(node)
+    if treedef.kind == specs.optree.PyTreeKind.TUPLE:
+        return False
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _make_info(config, signature, c) -> TableInfo:
+    limiter = config.rate_limiter
+    return TableInfo(
+        name=config.name,
+        sampler_options=config.sampler.options,
+        remover_options=config.remover.options,
+        max_size=config.max_size,
+        max_times_sampled=config.max_times_sampled,
+        rate_limiter_info=RateLimiterInfo(
+            samples_per_insert=limiter.samples_per_insert,
+            min_diff=limiter.min_diff,
+            max_diff=limiter.max_diff,
+            min_size_to_sample=limiter.min_size_to_sample,
+            insert_stats=RateLimiterCallStats(int(c[L.C_INSERTS])),
+            sample_stats=RateLimiterCallStats(int(c[L.C_SAMPLES])),
+            delete_stats=RateLimiterCallStats(int(c[L.C_DELETES]))),
+        signature=signature,
+        current_size=int(c[L.C_SIZE]),
+        num_unique_samples=int(c[L.C_NUM_UNIQUE]),
+        num_inserted=int(c[L.C_TOTAL_INSERTED]),
+        num_sampled=int(c[L.C_TOTAL_SAMPLED]),
+        num_deleted=int(c[L.C_TOTAL_DELETED]))
+
+
+def static_info(config) -> TableInfo:
+    """The info of a table that no server owns yet (all counters zero)."""
+    return _make_info(config, config.signature, np.zeros(L.CTRL_WORDS, np.int64))

@@ -1,0 +1,377 @@
+"""``Client``: attach to a buffer by name; insert, sample, update priorities.
+
+The facade: it validates and converts user input, calls the table engines, and wraps
+results. No offsets, no locks, no numba here.
+"""
+
+import math
+import os
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+
+from shmreplay import _buffer, errors, specs
+from shmreplay._kernels import table as kernels
+from shmreplay._table import TableEngine
+from shmreplay.replay_sample import ReplaySample, SampleInfo
+from shmreplay.table import validate_name
+
+_PY_SCALARS = (bool, int, float)
+
+
+class Client:
+    """A handle on a buffer, usable from any process of the same user.
+
+    Args:
+      server_address: The buffer's name (``Server.name``).
+
+    Raises:
+      BufferNotFoundError: if no buffer of that name exists.
+      LayoutMismatchError: if the name belongs to something that is not a compatible
+        shmreplay buffer.
+
+    A Client pickles as its name, so it can be passed to ``multiprocessing`` workers;
+    each process maps the buffer on first use. It is safe to share between threads.
+    """
+
+    def __init__(self, server_address: str):
+        self._name = validate_name(server_address, "Buffer", _buffer.MAX_BUFFER_NAME)
+        self._buffer = _buffer.attach(self._name)
+        self._pid = os.getpid()
+
+    @property
+    def server_address(self) -> str:
+        return self._name
+
+    def __reduce__(self):
+        return (Client, (self._name,))
+
+    def __repr__(self):
+        return f"Client({self._name!r})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Unmaps the buffer from this process (the buffer itself stays)."""
+        buffer, self._buffer = self._buffer, None
+        if buffer is not None:
+            buffer.close()
+
+    def _engine(self, table: str) -> TableEngine:
+        buffer = self._buffer
+        if buffer is None:
+            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+        engine = buffer.by_name.get(table)
+        if engine is None:
+            raise errors.TableNotFoundError(
+                f"Priority table {table!r} was not found in buffer '{self._name}'. "
+                f"Tables: {', '.join(sorted(buffer.by_name))}.")
+        return engine
+
+    # --- inserting ------------------------------------------------------------------------
+
+    def insert(self, data, priorities: Dict[str, float], timeout: Optional[float] = None):
+        """Inserts one item into each table named in ``priorities``.
+
+        Args:
+          data: A nest (dict, tuple, list, namedtuple) of numpy arrays, Python or numpy
+            scalars, tf.Tensors or jax arrays.
+          priorities: ``{table_name: priority}``; one item goes into each table.
+          timeout: Seconds to wait for the rate limiter; ``None`` waits forever.
+
+        Returns:
+          The new items' keys, ``{table_name: key}``.
+
+        Raises:
+          InvalidPriorityError: if ``priorities`` is empty, or a priority is negative,
+            NaN or infinite.
+          TableNotFoundError: if a table does not exist.
+          SchemaError: if the data does not match a table's columns.
+          DeadlineExceededError: if ``timeout`` expired; nothing was inserted.
+        """
+        if len(priorities) == 1 and type(priorities) is dict:
+            # The actor's hot path: one table, data already shaped like its columns.
+            (table, priority), = priorities.items()
+            engine = self._engine(table)
+            leaves = engine.fast_leaves(data)
+            if leaves is not None:
+                if type(priority) is not float:
+                    priority = float(_check_priorities(table, priority, 1)[0])
+                elif not 0.0 <= priority < math.inf:  # also rejects NaN
+                    _check_priorities(table, priority, 1)
+                return {table: engine.insert_one(leaves, priority, timeout)}
+        return self._insert(data, priorities, timeout, batched=False)
+
+    def insert_batch(self, data, priorities, timeout: Optional[float] = None):
+        """Inserts ``B`` items into each table named in ``priorities``, atomically per table.
+
+        Args:
+          data: A nest whose every leaf has the same leading dimension ``B``.
+          priorities: ``{table_name: priority}``, each a scalar or an array of ``B``.
+          timeout: Seconds to wait until the rate limiter allows all ``B`` inserts.
+
+        Returns:
+          ``{table_name: uint64 array of B keys}``.
+
+        Raises:
+          as ``insert``; also SchemaError if leaves have different leading sizes, and
+          ValueError if ``B`` exceeds what the table can take in one call.
+        """
+        return self._insert(data, priorities, timeout, batched=True)
+
+    def _insert(self, data, priorities, timeout, batched):
+        if not isinstance(priorities, dict) or not priorities:
+            raise errors.InvalidPriorityError(
+                f"priorities must be a non-empty dict {{table_name: priority}}, got {priorities!r}.")
+        leaves, treedef = specs.flatten(data)
+        count = _batch_size(leaves, treedef) if batched else 1
+        # Validate everything before changing anything (columns included).
+        plans = []
+        for table, priority in priorities.items():
+            engine = self._engine(table)
+            prios = _check_priorities(table, priority, count)
+            arrays, proposal = _prepare_leaves(engine, leaves, treedef, batched)
+            _check_batch_fits(engine, count)
+            plans.append([engine, arrays, prios, proposal])
+        for plan in plans:
+            engine, _, _, proposal = plan
+            if proposal is not None:  # the first item of an unsigned table fixes its columns
+                engine.define_columns(*proposal)
+                plan[1], _ = _prepare_leaves(engine, leaves, treedef, batched)
+        reserved = []
+        try:
+            for engine, _, _, _ in plans:
+                reserved.append(engine.reserve(count, timeout))
+            for (engine, arrays, _, _), slots in zip(plans, reserved):
+                engine.write(slots, arrays, batched)
+        except BaseException:
+            for (engine, _, _, _), slots in zip(plans, reserved):
+                engine.cancel(slots)
+            raise
+        keys = {}
+        for (engine, _, prios, _), slots in zip(plans, reserved):
+            committed = engine.commit(slots, prios)
+            keys[engine.name] = committed if batched else int(committed[0])
+        return keys
+
+    # --- sampling -------------------------------------------------------------------------
+
+    def sample_batch(self, table: str, batch_size: int, timeout: Optional[float] = None
+                     ) -> ReplaySample:
+        """Samples a batch: the learner's fast path.
+
+        Waits (up to ``timeout`` seconds) until the rate limiter allows one sample, then
+        takes as many as it allows, up to ``batch_size``. Fewer than ``batch_size`` rows
+        come back only if the rate limiter or ``max_times_sampled`` deletions stop the
+        batch early (Reverb's flexible batching).
+
+        Returns:
+          ``ReplaySample(info, data)``: ``info`` fields are arrays ``[B]`` (key uint64,
+          probability float64, table_size int64, priority float64, times_sampled
+          int32); ``data`` is the item nest with arrays ``[B, ...]``. For prioritized
+          replay, ``info.importance_weights(beta)`` gives the IS weights.
+
+        Raises:
+          TableNotFoundError: unknown table.
+          DeadlineExceededError: nothing could be sampled within ``timeout``.
+        """
+        if int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        return self._engine(table).sample(int(batch_size), timeout)
+
+    def sample(self, table: str, num_samples: int = 1, emit_timesteps: bool = True,
+               timeout: Optional[float] = None, unpack_as_table_signature: bool = False
+               ) -> Iterator:
+        """Yields ``num_samples`` samples, one at a time (Reverb's ``Client.sample``).
+
+        Each item here is one timestep. With ``emit_timesteps=True`` each sample is a
+        list of one ``ReplaySample`` per timestep; otherwise a single ``ReplaySample``
+        whose leaves have a leading time dimension of 1. ``info`` fields are Python
+        scalars. For training loops use ``sample_batch``.
+
+        Raises:
+          TableNotFoundError: unknown table (on the first ``next``).
+          DeadlineExceededError: a sample was not allowed within ``timeout``.
+        """
+        if int(num_samples) != num_samples or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}.")
+        for _ in range(int(num_samples)):
+            batch = self._engine(table).sample(1, timeout)
+            info = SampleInfo(*(_scalar(field[0]) for field in batch.info))
+            if emit_timesteps:
+                data = specs.optree.tree_map(lambda leaf: leaf[0], batch.data)
+                yield [ReplaySample(info, data)]
+            else:
+                yield ReplaySample(info, batch.data)
+
+    # --- priorities and lifecycle ---------------------------------------------------------
+
+    def mutate_priorities(self, table: str, updates: Optional[Dict[int, float]] = None,
+                          deletes: Optional[List[int]] = None):
+        """Updates priorities and/or deletes items, by key. Unknown keys are ignored.
+
+        Deletes happen before updates. All priorities are validated before anything
+        changes, so a bad priority leaves the table untouched.
+
+        Raises:
+          TableNotFoundError: unknown table.
+          InvalidPriorityError: a negative, NaN or infinite priority.
+        """
+        engine = self._engine(table)
+        updates = updates or {}
+        keys = np.fromiter(updates.keys(), np.uint64, len(updates))
+        prios = _check_priorities(table, np.fromiter(updates.values(), np.float64, len(updates)),
+                                  len(updates))
+        delete_keys = np.asarray(list(deletes or ()), np.uint64).reshape(-1)
+        engine.mutate(delete_keys.view(np.int64), keys.view(np.int64), prios)
+
+    def update_priorities(self, table: str, keys, priorities):
+        """Sets the priorities of items by key, from arrays (the fast form of mutate).
+
+        Args:
+          keys: uint64 keys, e.g. ``sample.info.key``.
+          priorities: One priority per key (or one for all).
+
+        Returns:
+          How many keys were found and updated (evicted items are ignored).
+        """
+        engine = self._engine(table)
+        keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
+        prios = _check_priorities(table, priorities, keys.size)
+        return engine.mutate(np.empty(0, np.int64), keys.view(np.int64), prios)[1]
+
+    def reset(self, table: str):
+        """Removes every item of ``table`` and resets its rate limiter."""
+        self._engine(table).reset()
+
+    def verify(self, table: str) -> List[str]:
+        """Checks a table's invariants (sum-trees, heaps, lists, counters, slot states).
+
+        Returns:
+          A list of problems, empty when the table is consistent.
+        """
+        return self._engine(table).verify()
+
+    def server_info(self, timeout: Optional[float] = None):
+        """``{table_name: TableInfo}`` for every table."""
+        if self._buffer is None:
+            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+        return {engine.name: engine.info() for engine in self._buffer.engines}
+
+
+# --- input conversion ----------------------------------------------------------------------
+
+
+def _scalar(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def _to_array(leaf, table, path):
+    if type(leaf) is np.ndarray:
+        return leaf
+    try:
+        array = np.asarray(leaf)
+    except Exception as exc:
+        raise errors.SchemaError(
+            f"Table '{table}', column {path}: cannot convert {type(leaf).__name__} to an array.") from exc
+    return array
+
+
+def _batch_size(leaves, treedef) -> int:
+    sizes = []
+    for leaf in leaves:
+        shape = np.shape(leaf)
+        if not shape:
+            raise errors.SchemaError(
+                "insert_batch: every leaf needs a leading batch dimension; got a scalar at "
+                f"{specs.path_strings(treedef)[len(sizes)]}.")
+        sizes.append(shape[0])
+    if not sizes:
+        raise errors.SchemaError("insert_batch: the data has no leaves.")
+    if len(set(sizes)) != 1:
+        detail = ", ".join(f"{p}: {s}" for p, s in zip(specs.path_strings(treedef), sizes))
+        raise errors.SchemaError(f"insert_batch: leaves have different leading sizes ({detail}).")
+    if sizes[0] < 1:
+        raise errors.SchemaError("insert_batch: the batch is empty.")
+    return int(sizes[0])
+
+
+def _check_batch_fits(engine: TableEngine, count: int):
+    room = engine.capacity - engine.config.max_size
+    if count > room:
+        raise ValueError(
+            f"Table '{engine.name}': a batch of {count} items is larger than the {room} that "
+            "can be written at once; split it.")
+    most = engine.config.rate_limiter.max_batch_insert()
+    if count > most:
+        raise ValueError(
+            f"Table '{engine.name}': its rate limiter can never admit {count} inserts at once "
+            f"(at most {most:g}); split the batch.")
+
+
+def _prepare_leaves(engine: TableEngine, leaves, treedef, batched: bool):
+    """Validates leaves against the table's columns, without side effects.
+
+    Returns ``(arrays, proposal)``: ``proposal`` is None, or, for a table whose columns
+    are not defined yet, the ``(treedef, column_specs)`` this item would define.
+    """
+    table = engine.name
+    proposal = None
+    if engine.has_columns():
+        expected_treedef, column_specs, paths = engine.treedef, engine.column_specs, engine.paths
+    else:
+        paths = specs.path_strings(treedef)
+        arrays = [_to_array(leaf, table, path) for leaf, path in zip(leaves, paths)]
+        proposal = engine.propose_columns(treedef, arrays, batched)
+        expected_treedef, column_specs = proposal
+    if treedef != expected_treedef:
+        raise errors.SchemaError(
+            f"Table '{table}': the data's structure {treedef} does not match the table's "
+            f"{expected_treedef}.")
+    arrays = []
+    for leaf, spec, path in zip(leaves, column_specs, paths):
+        array = _to_array(leaf, table, path)
+        shape = array.shape[1:] if batched else array.shape
+        if shape != spec.shape:
+            raise errors.SchemaError(
+                f"Table '{table}', column {path}: expected shape {spec.shape}"
+                f"{' after the batch dimension' if batched else ''}, got {shape}.")
+        if array.dtype != spec.dtype:
+            array = _cast_python_scalar(leaf, array, spec, table, path)
+        arrays.append(array)
+    return arrays, proposal
+
+
+def _cast_python_scalar(leaf, array, spec, table, path):
+    """Python scalars (``1.0``, ``3``, ``True``) may fill any column of a compatible kind."""
+    compatible = {"b": "b", "i": "iuf", "f": "fc"}.get(array.dtype.kind, "")
+    if isinstance(leaf, _PY_SCALARS) and spec.dtype.kind in compatible:
+        try:
+            return np.asarray(leaf, dtype=spec.dtype)
+        except OverflowError:
+            pass
+    raise errors.SchemaError(
+        f"Table '{table}', column {path}: expected dtype {spec.dtype}, got {array.dtype}.")
+
+
+def _check_priorities(table, priority, count) -> np.ndarray:
+    """Returns ``count`` float64 priorities, or raises InvalidPriorityError."""
+    try:
+        prios = np.asarray(priority, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidPriorityError(
+            f"Table '{table}': priority must be a number, got {priority!r}.") from exc
+    if prios.ndim == 0:
+        prios = np.full(count, prios)
+    elif prios.shape != (count,):
+        raise errors.InvalidPriorityError(
+            f"Table '{table}': expected {count} priorities, got an array of shape {prios.shape}.")
+    bad = kernels.first_invalid_priority(prios)
+    if bad >= 0:
+        raise errors.InvalidPriorityError(
+            f"Table '{table}': priorities must be finite and >= 0, got {prios[bad]}.")
+    return prios

@@ -1,0 +1,114 @@
+"""What sampling returns: ``ReplaySample(info, data)``, with Reverb's field names and dtypes."""
+
+import dataclasses
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+INFO_DTYPES = {
+    "key": np.uint64,
+    "probability": np.float64,
+    "table_size": np.int64,
+    "priority": np.float64,
+    "times_sampled": np.int32,
+}
+
+
+class SampleInfo(NamedTuple):
+    """Metadata of sampled items.
+
+    From ``Client.sample`` each field is a Python scalar; from ``Client.sample_batch``
+    each field is a numpy array of shape ``[B]`` with the dtype in ``INFO_DTYPES``.
+
+    Attributes:
+      key: The item's key (uint64), for ``Client.mutate_priorities``. Never reused.
+      probability: The probability with which the sampler picked the item.
+      table_size: Items in the table when the item was sampled.
+      priority: The item's priority when it was sampled.
+      times_sampled: How often the item has been sampled, this time included.
+    """
+
+    key: Any
+    probability: Any
+    table_size: Any
+    priority: Any
+    times_sampled: Any
+
+    def importance_weights(self, beta: float, normalize: bool = True) -> np.ndarray:
+        """Importance-sampling weights ``(table_size * probability) ** -beta``.
+
+        These correct the bias of prioritized replay (Schaul et al., 2016).
+
+        Args:
+          beta: The correction exponent, usually annealed from about 0.4 to 1.
+          normalize: Divide by the largest weight of the batch, so weights are ``<= 1``.
+
+        Returns:
+          A float32 array shaped like ``probability``.
+        """
+        prob = np.asarray(self.probability, dtype=np.float64)
+        size = np.asarray(self.table_size, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            weights = np.power(size * prob, -float(beta))
+        if normalize and weights.size:
+            weights = weights / np.max(weights)
+        return weights.astype(np.float32)
+
+    @classmethod
+    def zeros(cls):
+        return cls(0, 0.0, 0, 0.0, 0)
+
+    @classmethod
+    def dtypes(cls):
+        """The numpy dtype of each field (TensorFlow's ``tf_dtypes`` lives in ``shmreplay.tf``)."""
+        return cls(*(np.dtype(INFO_DTYPES[f]) for f in cls._fields))
+
+
+class ReplaySample(NamedTuple):
+    """One sampled item (or batch): ``info`` is a ``SampleInfo``, ``data`` the item's nest."""
+
+    info: SampleInfo
+    data: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimiterCallStats:
+    completed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimiterInfo:
+    """The limiter's parameters and counters, as Reverb reports them."""
+
+    samples_per_insert: float
+    min_diff: float
+    max_diff: float
+    min_size_to_sample: int
+    insert_stats: RateLimiterCallStats
+    sample_stats: RateLimiterCallStats
+    delete_stats: RateLimiterCallStats
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInfo:
+    """A snapshot of one table, returned by ``Client.server_info()`` and ``Table.info``.
+
+    ``sampler_options`` and ``remover_options`` are dicts such as
+    ``{'prioritized': {'priority_exponent': 0.8}, 'is_deterministic': False}`` or
+    ``{'fifo': True, 'is_deterministic': True}``.
+    """
+
+    name: str
+    sampler_options: dict
+    remover_options: dict
+    max_size: int
+    max_times_sampled: int
+    rate_limiter_info: RateLimiterInfo
+    signature: Optional[Any]
+    current_size: int
+    num_episodes: int = 0
+    num_deleted_episodes: int = 0
+    num_unique_samples: int = 0
+    num_inserted: int = 0
+    num_sampled: int = 0
+    num_deleted: int = 0

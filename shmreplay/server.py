@@ -1,0 +1,172 @@
+"""``Server``: creates a named buffer in shared memory and removes it when it stops.
+
+There is no server thread: once created, the buffer is used directly by every process
+that attaches with ``Client(name)``. The Server object only owns the buffer's lifetime:
+``stop()``, leaving its ``with`` block, normal interpreter exit, an uncaught exception,
+SIGTERM and SIGINT all remove every segment it created. (A SIGKILLed owner cannot
+clean up; its buffer stays until removed by name.)
+"""
+
+import atexit
+import os
+import signal
+import threading
+import uuid
+import weakref
+from typing import Optional, Sequence
+
+from shmreplay import _buffer, errors
+from shmreplay.table import Table, validate_name
+
+
+class Server:
+    """Creates a buffer holding ``tables`` under a name other processes can attach to.
+
+    Args:
+      tables: The tables (``shmreplay.Table``). Each becomes a live handle.
+      name: The buffer's address; ``None`` picks a unique one. Letters, digits,
+        ``_ . -``; at most 100 characters.
+      port: Accepted for Reverb compatibility and ignored (there is no socket).
+      group_shared: Create segments readable and writable by the owner's group too
+        (mode 0660) instead of the owner only (0600).
+
+    Raises:
+      ValueError: if ``tables`` is empty, has duplicate names, or a table is already
+        served; if ``name`` is invalid.
+      FileExistsError: if a buffer with this name already exists.
+
+    Example::
+
+        with shmreplay.Server([shmreplay.Table.queue("q", 100)], name="demo") as server:
+            client = shmreplay.Client(server.name)   # in any process of this user
+    """
+
+    def __init__(self, tables: Optional[Sequence[Table]] = None, name: Optional[str] = None,
+                 port=None, *, group_shared: bool = False):
+        if not tables:
+            raise ValueError("At least one table must be provided.")
+        names = [t.name for t in tables]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"Multiple items in tables have the same name: {', '.join(duplicates)}.")
+        for table in tables:
+            if not isinstance(table, Table):
+                raise TypeError(f"tables must be shmreplay.Table objects, got {table!r}.")
+            if table._engine is not None:
+                raise ValueError(f"Table '{table.name}' is already served by another Server.")
+        if name is None:
+            name = f"srv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._name = validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME)
+        self._tables = list(tables)
+        self._owner_pid = os.getpid()
+        self._stopped = threading.Event()
+        self._buffer = _buffer.create(self._name, self._tables, 0o660 if group_shared else 0o600)
+        for table, engine in zip(self._tables, self._buffer.engines):
+            table._engine = engine
+        _register(self)
+
+    @property
+    def name(self) -> str:
+        """The buffer's address: pass it to ``shmreplay.Client``."""
+        return self._name
+
+    @property
+    def address(self) -> str:
+        return self._name
+
+    def localhost_client(self):
+        """A ``Client`` attached to this buffer (Reverb's name for it)."""
+        from shmreplay.client import Client
+        return Client(self._name)
+
+    def stop(self):
+        """Closes every table (waking blocked callers with an error) and removes the buffer.
+
+        Idempotent. Only the creating process removes anything: a forked child that
+        inherited this object does nothing.
+        """
+        if self._stopped.is_set() or os.getpid() != self._owner_pid:
+            return
+        self._stopped.set()
+        buffer, self._buffer = self._buffer, None
+        for engine in buffer.engines:
+            engine.close()
+        buffer.header["state"] = 2  # STATE_STOPPED: attaching clients are refused
+        _buffer.unlink_all(self._name, len(self._tables))
+        for table in self._tables:
+            table._engine = None
+        buffer.close()
+        _unregister(self)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until ``stop()`` is called (from another thread) or SIGINT/SIGTERM."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __del__(self):
+        try:
+            self.stop()
+        except Exception:
+            pass
+
+    def __reduce__(self):
+        raise TypeError("A Server cannot be pickled; send server.name and use shmreplay.Client.")
+
+    def __repr__(self):
+        state = "stopped" if self.stopped else "serving"
+        return f"Server(name={self._name!r}, tables={[t.name for t in self._tables]}, {state})"
+
+
+# --- owner-exit cleanup -------------------------------------------------------------------
+
+_live_servers = weakref.WeakSet()
+_hooks_installed = False
+_previous_handlers = {}
+
+
+def _register(server):
+    global _hooks_installed
+    _live_servers.add(server)
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_stop_all)
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(signum)
+            if previous in (signal.SIG_IGN, None):
+                continue
+            _previous_handlers[signum] = previous
+            signal.signal(signum, _on_signal)
+
+
+def _unregister(server):
+    _live_servers.discard(server)
+
+
+def _stop_all():
+    for server in list(_live_servers):
+        try:
+            server.stop()
+        except errors.ShmReplayError:
+            pass
+
+
+def _on_signal(signum, frame):
+    _stop_all()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # Default action: die by the same signal, so the exit status stays honest.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

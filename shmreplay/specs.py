@@ -1,0 +1,111 @@
+"""Signatures: the fixed shape and dtype of every leaf of a table's items.
+
+A signature is any nest (dicts, lists, tuples, namedtuples) whose leaves describe one
+column each: a ``shmreplay.TensorSpec``, a ``tf.TensorSpec`` (when TensorFlow is
+installed), a ``jax.ShapeDtypeStruct`` or anything else with ``shape`` and ``dtype``.
+Nests are flattened with ``optree`` (dict keys sorted), so every process agrees on the
+column order.
+"""
+
+import dataclasses
+from typing import Any, List, Tuple
+
+import numpy as np
+import optree
+
+from shmreplay import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one column, for users without TensorFlow.
+
+    Args:
+      shape: A tuple of non-negative ints (``()`` for a scalar).
+      dtype: Anything ``numpy.dtype`` accepts.
+      name: Optional, for display only.
+    """
+
+    shape: Tuple[int, ...]
+    dtype: Any
+    name: Any = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+
+def _is_leaf_spec(x):
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def flatten(nest):
+    """Flattens ``nest`` into ``(leaves, treedef)``.
+
+    Only containers (dict, list, tuple, namedtuple, ...) are nodes; arrays, tensors and
+    specs are leaves, so no ``is_leaf`` callback is needed (it would cost a Python call
+    per node on the insert path).
+    """
+    return optree.tree_flatten(nest, none_is_leaf=False)
+
+
+def path_strings(treedef) -> List[str]:
+    """Human-readable paths of the leaves of ``treedef`` (``"obs"``, ``"[0]"``, ...)."""
+    paths = optree.treespec_paths(treedef)
+    return ["".join(_path_part(p) for p in path) or "<root>" for path in paths]
+
+
+def _path_part(entry):
+    return f"[{entry!r}]"
+
+
+def to_numpy_dtype(dtype) -> np.dtype:
+    """Converts a numpy, TensorFlow or JAX dtype to a ``numpy.dtype``."""
+    as_numpy = getattr(dtype, "as_numpy_dtype", None)  # tf.DType
+    if as_numpy is not None:
+        dtype = as_numpy
+    return np.dtype(dtype)
+
+
+def to_shape(shape, where: str) -> Tuple[int, ...]:
+    """Converts a tuple, list or ``tf.TensorShape`` to a tuple of ints.
+
+    Raises:
+      ValueError: if a dimension is unknown (``None``); columns have fixed shapes.
+    """
+    as_list = getattr(shape, "as_list", None)  # tf.TensorShape
+    dims = as_list() if as_list is not None else list(shape)
+    if any(d is None for d in dims):
+        raise errors.SchemaError(
+            f"{where}: shape {tuple(dims)} has an unknown dimension; columns need fixed shapes.")
+    return tuple(int(d) for d in dims)
+
+
+def normalize_signature(signature, table: str):
+    """Turns a user signature into ``(nest_of_TensorSpec, treedef, [TensorSpec, ...])``.
+
+    Raises:
+      ValueError: if a leaf is not a spec, has an unknown dimension or a non-numeric dtype.
+    """
+    leaves, treedef = flatten(signature)
+    if not leaves:
+        raise errors.SchemaError(f"Table '{table}': the signature has no leaves.")
+    paths = path_strings(treedef)
+    specs = []
+    for path, leaf in zip(paths, leaves):
+        if not _is_leaf_spec(leaf):
+            raise errors.SchemaError(
+                f"Table '{table}': unsupported signature spec at {path}: {leaf!r} "
+                "(expected a TensorSpec or anything with .shape and .dtype).")
+        where = f"Table '{table}', column {path}"
+        spec = TensorSpec(to_shape(leaf.shape, where), to_numpy_dtype(leaf.dtype))
+        check_storable_dtype(spec.dtype, where)
+        specs.append(spec)
+    return optree.tree_unflatten(treedef, specs), treedef, specs
+
+
+def check_storable_dtype(dtype: np.dtype, where: str):
+    """Raises ``TypeError`` unless ``dtype`` is a fixed-size numeric or boolean type."""
+    if dtype.kind not in "biufc" or dtype.hasobject:
+        raise errors.SchemaError(
+            f"{where}: dtype {dtype} cannot be stored; expected a numeric or boolean dtype.")

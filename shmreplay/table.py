@@ -1,0 +1,151 @@
+"""``Table``: the configuration of one table, and a live handle once a Server owns it."""
+
+import re
+from typing import Optional
+
+from shmreplay import errors, rate_limiters, selectors, specs
+
+# Table and buffer names end up in POSIX object names: keep them boring.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+MAX_TABLE_NAME = 64
+
+
+def validate_name(name, what: str, max_len: int) -> str:
+    """Checks a buffer or table name and returns it.
+
+    Raises:
+      InvalidNameError: if ``name`` is not a non-empty string of at most ``max_len``
+        characters from ``[A-Za-z0-9_.-]`` starting with a letter or digit.
+    """
+    if not isinstance(name, str) or not name:
+        raise errors.InvalidNameError(f"{what} name must be a non-empty string, got {name!r}.")
+    if len(name) > max_len:
+        raise errors.InvalidNameError(
+            f"{what} name {name!r} is {len(name)} characters long; the limit is {max_len}.")
+    if not NAME_PATTERN.match(name):
+        raise errors.InvalidNameError(
+            f"{what} name {name!r} may only contain letters, digits, '_', '.' and '-', "
+            "and must start with a letter or digit.")
+    return name
+
+
+class Table:
+    """One table of a buffer: how items are sampled, evicted and rate limited.
+
+    Args:
+      name: Unique within the server; letters, digits, ``_ . -``.
+      sampler: The selector that picks sampled items (``shmreplay.selectors``).
+      remover: The selector that picks the item to evict when ``max_size`` is exceeded.
+        It may pick the item that was just inserted (e.g. ``Lifo`` or ``MinHeap``).
+      max_size: The maximum number of items.
+      rate_limiter: A ``shmreplay.rate_limiters`` limiter.
+      max_times_sampled: Remove an item once it has been sampled this many times
+        (``0``: never). The sample that reaches the limit still returns the item.
+      signature: Optional nest of specs (``TensorSpec``, ``tf.TensorSpec``, ...) fixing
+        each column's shape and dtype. Without one, the first inserted item fixes them.
+
+    Raises:
+      ValueError: on an invalid name, ``max_size < 1``, negative ``max_times_sampled``,
+        or a signature leaf that is not a spec with a fixed shape.
+      TypeError: if ``sampler``/``remover``/``rate_limiter`` are of the wrong type.
+
+    Once the table is passed to a ``Server``, ``info``, ``can_sample`` and
+    ``can_insert`` report the live table.
+    """
+
+    def __init__(self, name: str, sampler: selectors.ItemSelector,
+                 remover: selectors.ItemSelector, max_size: int,
+                 rate_limiter: rate_limiters.RateLimiter, max_times_sampled: int = 0,
+                 extensions=(), signature=None):
+        self.name = validate_name(name, "Table", MAX_TABLE_NAME)
+        for arg, value in (("sampler", sampler), ("remover", remover)):
+            if not isinstance(value, selectors.ItemSelector):
+                raise TypeError(
+                    f"Table '{name}': {arg} must be a shmreplay.selectors selector, got {value!r}.")
+        if not isinstance(rate_limiter, rate_limiters.RateLimiter):
+            raise TypeError(
+                f"Table '{name}': rate_limiter must be a shmreplay.rate_limiters limiter, "
+                f"got {rate_limiter!r}.")
+        if int(max_size) != max_size or max_size < 1:
+            raise ValueError(f"Table '{name}': max_size must be an integer >= 1, got {max_size!r}.")
+        if int(max_times_sampled) != max_times_sampled:
+            raise ValueError(
+                f"Table '{name}': max_times_sampled must be an integer, got {max_times_sampled!r}.")
+        if extensions:
+            raise ValueError(f"Table '{name}': table extensions are not supported by shmreplay.")
+        self.sampler = sampler
+        self.remover = remover
+        self.max_size = int(max_size)
+        self.rate_limiter = rate_limiter
+        self.max_times_sampled = max(0, int(max_times_sampled))
+        self.signature = None
+        self.column_specs = None
+        if signature is not None:
+            self.signature, _, self.column_specs = specs.normalize_signature(signature, self.name)
+        self._engine = None  # set by the Server that owns this table
+
+    @classmethod
+    def queue(cls, name: str, max_size: int, extensions=(), signature=None) -> "Table":
+        """A FIFO queue: each item is sampled once, in insertion order.
+
+        Inserts block while ``max_size`` unsampled items wait; samples block while empty.
+        """
+        return cls(name, selectors.Fifo(), selectors.Fifo(), max_size,
+                   rate_limiters.Queue(max_size), max_times_sampled=1,
+                   extensions=extensions, signature=signature)
+
+    @classmethod
+    def stack(cls, name: str, max_size: int, extensions=(), signature=None) -> "Table":
+        """A LIFO stack: each item is sampled once, newest first. Blocks like ``queue``."""
+        return cls(name, selectors.Lifo(), selectors.Lifo(), max_size,
+                   rate_limiters.Stack(max_size), max_times_sampled=1,
+                   extensions=extensions, signature=signature)
+
+    def replace(self, name: Optional[str] = None, sampler=None, remover=None,
+                max_size: Optional[int] = None, rate_limiter=None,
+                max_times_sampled: Optional[int] = None, extensions=None,
+                signature=None) -> "Table":
+        """Returns a new, unbound table with some settings replaced."""
+        return Table(
+            name=self.name if name is None else name,
+            sampler=self.sampler if sampler is None else sampler,
+            remover=self.remover if remover is None else remover,
+            max_size=self.max_size if max_size is None else max_size,
+            rate_limiter=self.rate_limiter if rate_limiter is None else rate_limiter,
+            max_times_sampled=(self.max_times_sampled if max_times_sampled is None
+                               else max_times_sampled),
+            signature=self.signature if signature is None else signature)
+
+    # --- live handle -----------------------------------------------------------------
+
+    def _live(self):
+        if self._engine is None:
+            raise RuntimeError(
+                f"Table '{self.name}' is not served yet: pass it to shmreplay.Server first.")
+        return self._engine
+
+    @property
+    def info(self):
+        """A ``TableInfo`` snapshot (the configuration only, until served)."""
+        if self._engine is None:
+            from shmreplay import _table  # local: config objects stay import-light
+            return _table.static_info(self)
+        return self._engine.info()
+
+    def can_sample(self, num_samples: int) -> bool:
+        """Whether the rate limiter would allow ``num_samples`` samples now."""
+        return self._live().can_sample(num_samples)
+
+    def can_insert(self, num_inserts: int) -> bool:
+        """Whether the rate limiter would allow ``num_inserts`` inserts now."""
+        return self._live().can_insert(num_inserts)
+
+    def __repr__(self):
+        return (f"Table(name={self.name!r}, sampler={self.sampler!r}, remover={self.remover!r}, "
+                f"max_size={self.max_size}, rate_limiter={self.rate_limiter!r}, "
+                f"max_times_sampled={self.max_times_sampled})")
+
+    def __getstate__(self):  # a config travels without its live engine
+        state = dict(self.__dict__)
+        state["_engine"] = None
+        return state

@@ -1,0 +1,38 @@
+"""Shared fixtures: every test must leave /dev/shm exactly as it found it."""
+
+import os
+
+import pytest
+
+SHM_DIR = "/dev/shm"
+
+
+def _shmreplay_objects():
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return set()
+    # POSIX segments appear as "shmreplay.*", semaphores as "sem.shmreplay*".
+    return {n for n in names if n.startswith("shmreplay") or n.startswith("sem.shmreplay")}
+
+
+@pytest.fixture(autouse=True)
+def no_shared_memory_leaks():
+    """Fails the test if it leaves a shmreplay segment or semaphore behind."""
+    before = _shmreplay_objects()
+    yield
+    leaked = _shmreplay_objects() - before
+    if leaked:
+        for name in leaked:  # clean up so one leak does not fail every later test
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                pass
+        pytest.fail(f"test leaked shared-memory objects: {sorted(leaked)}")
+
+
+@pytest.fixture
+def buffer_name(request):
+    """A unique buffer name for this test (prefix 'test-')."""
+    import uuid
+    return f"test-{uuid.uuid4().hex[:10]}"

@@ -9,6 +9,7 @@ header holds pickled configuration, and unpickling is only safe from our own use
 
 import mmap
 import os
+import warnings
 
 import posix_ipc
 
@@ -33,6 +34,7 @@ class Segment:
         """Creates and maps a new zero-filled segment; fails if the name exists."""
         self = cls()
         self.name = name
+        _warn_if_larger_than_free_space(size, name)
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode, size=size)
         except posix_ipc.ExistentialError as exc:
@@ -93,6 +95,22 @@ class Segment:
     def unlink(self):
         """Removes the name (the memory goes when the last process unmaps it)."""
         unlink(self.name)
+
+
+def _warn_if_larger_than_free_space(size: int, name: str):
+    # tmpfs accepts any size and allocates on first write; writing past its limit kills
+    # the writer with SIGBUS. Say so now rather than then.
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return
+    free = stat.f_bavail * stat.f_frsize
+    if size > free:
+        warnings.warn(
+            f"Segment {name} reserves {size / 2**30:.1f} GiB but /dev/shm has only "
+            f"{free / 2**30:.1f} GiB free: memory is allocated as items are written, and "
+            "filling the table beyond the free space will crash the writing process.",
+            ResourceWarning, stacklevel=4)
 
 
 def unlink(name: str) -> bool:

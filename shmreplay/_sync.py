@@ -42,6 +42,10 @@ from numba import types
 from shmreplay._kernels import kernel
 
 WAIT_SLICE = 0.05  # seconds; a waiter re-checks at least this often
+# Critical sections last microseconds: retry the lock this many times before sleeping in
+# the kernel, because a futex sleep and wake-up costs tens of microseconds.
+LOCK_SPINS = 1000
+EBUSY = errno.EBUSY
 
 EOWNERDEAD = errno.EOWNERDEAD
 ENOTRECOVERABLE = errno.ENOTRECOVERABLE
@@ -52,6 +56,7 @@ _FUTEX_WAKE = 1
 
 # Resolved by symbol name at load time, so kernels using them can be cached.
 mutex_lock = types.ExternalFunction("pthread_mutex_lock", types.int32(types.voidptr))
+mutex_trylock = types.ExternalFunction("pthread_mutex_trylock", types.int32(types.voidptr))
 mutex_unlock = types.ExternalFunction("pthread_mutex_unlock", types.int32(types.voidptr))
 mutex_consistent = types.ExternalFunction("pthread_mutex_consistent", types.int32(types.voidptr))
 _syscall6 = types.ExternalFunction(

@@ -23,14 +23,29 @@ from shmreplay.replay_sample import (
 _RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
 
 
+_seeded_pid = None
+_UNSET = object()
+_SCRATCH_IO = np.zeros(2, np.int64)  # for calls that never wait (its content is unused)
+
+
 def _seed_rng():
+    """numba keeps its own RNG per process: seed it from the OS once per process.
+
+    Called when a process first maps a table (not at import: importing compiles
+    nothing), and again in forked children, which would otherwise replay the parent's
+    draws.
+    """
+    global _seeded_pid
     kernels.seed(int.from_bytes(os.urandom(4), "little"))
+    _seeded_pid = os.getpid()
 
 
-# numba keeps its own RNG per process: seed it from the OS here (spawned processes import
-# this module anew) and again in forked children, which would replay the parent's draws.
-_seed_rng()
-os.register_at_fork(after_in_child=_seed_rng)
+def _reseed_if_seeded():
+    if _seeded_pid is not None:
+        _seed_rng()
+
+
+os.register_at_fork(after_in_child=_reseed_if_seeded)
 
 
 class TableEngine:
@@ -53,8 +68,9 @@ class TableEngine:
         self.treedef = None
         self.paths = None
         self.signature = None
-        self._flat_keys = None
-        self._pid = os.getpid()
+        self._flat_keys = _UNSET
+        if _seeded_pid != os.getpid():
+            _seed_rng()
 
     # --- creation (owner only) --------------------------------------------------------
 
@@ -143,23 +159,8 @@ class TableEngine:
         scalars) in a few hundred nanoseconds; anything else takes the general path,
         which converts, validates and explains mismatches.
         """
-        keys = self._flat_keys
-        if keys is None:
-            if not self.has_columns():
-                return None
-            keys = self._flat_keys = _flat_access(self.treedef)
-            if keys is None:
-                return None
-        if type(data) is dict:
-            if keys is False or len(data) != len(keys):
-                return None
-            try:
-                leaves = [data[key] for key in keys]
-            except (KeyError, TypeError):
-                return None
-        elif type(data) is tuple and keys is False and len(data) == len(self.columns):
-            leaves = list(data)
-        else:
+        leaves = self._flat_leaves(data)
+        if leaves is None:
             return None
         for leaf, spec in zip(leaves, self.column_specs):
             kind = type(leaf)
@@ -179,6 +180,43 @@ class TableEngine:
             else:
                 return None
         return leaves
+
+    def fast_batch_leaves(self, data):
+        """``(leaves, B)`` if ``data`` is a flat batch of arrays matching the columns, else None."""
+        leaves = self._flat_leaves(data)
+        if leaves is None:
+            return None
+        count = -1
+        for leaf, spec in zip(leaves, self.column_specs):
+            if type(leaf) is not np.ndarray:
+                return None
+            shape = leaf.shape
+            if (shape[1:] != spec.shape or len(shape) != len(spec.shape) + 1
+                    or (leaf.dtype is not spec.dtype and leaf.dtype != spec.dtype)):
+                return None
+            if count != shape[0]:
+                if count >= 0:
+                    return None
+                count = shape[0]
+        return (leaves, count) if count > 0 else None
+
+    def _flat_leaves(self, data):
+        """The leaves of a flat dict or tuple in column order, or None (use optree)."""
+        keys = self._flat_keys
+        if keys is _UNSET:
+            if not self.has_columns():
+                return None
+            keys = self._flat_keys = _flat_access(self.treedef)
+        if type(data) is dict:
+            if not keys or len(data) != len(keys):
+                return None
+            try:
+                return [data[key] for key in keys]
+            except (KeyError, TypeError):
+                return None
+        if type(data) is tuple and keys is False and len(data) == len(self.columns):
+            return list(data)
+        return None
 
     def has_columns(self) -> bool:
         """Maps the columns if some process has defined them; False if none has yet."""
@@ -274,6 +312,21 @@ class TableEngine:
             self._raise_status(key)
         return key
 
+    def insert_many(self, leaves, priorities, count: int, timeout):
+        """Inserts a validated batch into this table; returns the keys (uint64 [B])."""
+        slots = np.empty(count, np.int64)
+        status = kernels.reserve(*self.arrays, count, os.getpid(), 0, 0, slots, _SCRATCH_IO)
+        if status < 0:
+            if status != codes.BLOCKED:
+                self._raise_status(status)
+            slots = self.reserve(count, timeout)
+        try:
+            self.write(slots, leaves, True)
+        except BaseException:
+            self.cancel(slots)
+            raise
+        return self.commit(slots, priorities)
+
     def reserve(self, n: int, timeout):
         """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots)."""
         slots = np.empty(n, np.int64)
@@ -355,7 +408,7 @@ class TableEngine:
 
     def _unflatten(self, leaves):
         keys = self._flat_keys
-        if keys:  # a flat dict: skip optree
+        if keys and keys is not _UNSET:  # a flat dict: skip optree
             return dict(zip(keys, leaves))
         return specs.optree.tree_unflatten(self.treedef, leaves)
 

@@ -121,6 +121,15 @@ class Client:
           as ``insert``; also SchemaError if leaves have different leading sizes, and
           ValueError if ``B`` exceeds what the table can take in one call.
         """
+        if len(priorities) == 1 and type(priorities) is dict:
+            (table, priority), = priorities.items()
+            engine = self._engine(table)
+            fast = engine.fast_batch_leaves(data)
+            if fast is not None:
+                leaves, count = fast
+                prios = _check_priorities(table, priority, count)
+                _check_batch_fits(engine, count)
+                return {table: engine.insert_many(leaves, prios, count, timeout)}
         return self._insert(data, priorities, timeout, batched=True)
 
     def _insert(self, data, priorities, timeout, batched):

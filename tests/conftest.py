@@ -5,6 +5,7 @@ import os
 import pytest
 
 SHM_DIR = "/dev/shm"
+_TEST_PREFIXES = ("shmreplay.test-", "shmreplay.srv-", "sem.shmreplay.test-")
 
 
 def _shmreplay_objects():
@@ -12,8 +13,9 @@ def _shmreplay_objects():
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return set()
-    # POSIX segments appear as "shmreplay.*", semaphores as "sem.shmreplay*".
-    return {n for n in names if n.startswith("shmreplay") or n.startswith("sem.shmreplay")}
+    # Tests name their buffers "test-..." (or let the Server pick "srv-..."). Other
+    # shmreplay objects belong to other users of this machine (a benchmark, a demo).
+    return {n for n in names if n.startswith(_TEST_PREFIXES)}
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,14 @@ BROKEN = -4  # the mutex is unrecoverable (cannot happen unless memory was corru
 
 @kernel
 def _lock(ctrl, fctrl, meta, prio, trees):
-    result = _sync.mutex_lock(ctrl.ctypes.data)
+    address = ctrl.ctypes.data
+    result = _sync.mutex_trylock(address)
+    spins = 0
+    while result == _sync.EBUSY and spins < _sync.LOCK_SPINS:
+        result = _sync.mutex_trylock(address)
+        spins += 1
+    if result == _sync.EBUSY:
+        result = _sync.mutex_lock(address)
     if result == _sync.EOWNERDEAD:
         items.rebuild(ctrl, fctrl, meta, prio, trees)
         ctrl[C_RECOVERIES] += 1

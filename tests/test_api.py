@@ -1,0 +1,174 @@
+"""Client API details not covered by the Reverb conformance files."""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import shmreplay
+from shmreplay import errors, rate_limiters, selectors
+
+
+def _table(name="t", **kwargs):
+    kwargs.setdefault("max_size", 100)
+    return shmreplay.Table(name, kwargs.pop("sampler", selectors.Uniform()),
+                           kwargs.pop("remover", selectors.Fifo()),
+                           rate_limiter=kwargs.pop("rate_limiter", rate_limiters.MinSize(1)),
+                           **kwargs)
+
+
+def _shm_used_bytes():
+    stat = os.statvfs("/dev/shm")
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+def test_a_million_slots_cost_only_what_is_written(buffer_name):
+    before = _shm_used_bytes()
+    signature = {"obs": shmreplay.TensorSpec((64,), np.float32), "r": shmreplay.TensorSpec((), np.float32)}
+    with shmreplay.Server([_table(max_size=10**6, sampler=selectors.Prioritized(0.6),
+                                  signature=signature)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        for i in range(100):
+            client.insert({"obs": np.full(64, i, np.float32), "r": 1.0}, {"t": 1.0})
+        used = _shm_used_bytes() - before
+        reserved = sum(os.stat(f"/dev/shm/shmreplay.{buffer_name}{s}").st_size for s in ("", ".t0"))
+        client.close()
+    assert reserved > 300 * 2**20  # the segments span the full capacity...
+    assert used < 8 * 2**20  # ...but only touched pages cost memory
+
+
+class _FakeTFShape:
+    def __init__(self, dims):
+        self._dims = dims
+
+    def as_list(self):
+        return list(self._dims)
+
+
+class _FakeTFDType:
+    as_numpy_dtype = np.float32
+
+
+class _FakeTFSpec:
+    """Duck-types tf.TensorSpec (TensorShape.as_list, DType.as_numpy_dtype)."""
+
+    def __init__(self, dims):
+        self.shape = _FakeTFShape(dims)
+        self.dtype = _FakeTFDType()
+
+
+def test_signature_accepts_tensorflow_like_specs(buffer_name):
+    with shmreplay.Server([_table(signature={"x": _FakeTFSpec([3])})], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        info = client.server_info()["t"]
+        assert info.signature["x"] == shmreplay.TensorSpec((3,), np.float32)
+        with pytest.raises(errors.SchemaError, match=r"expected dtype float32, got float64"):
+            client.insert({"x": np.zeros(3)}, {"t": 1.0})
+        client.close()
+
+
+def test_signature_with_unknown_dimension_is_rejected():
+    with pytest.raises(ValueError, match="unknown dimension"):
+        _table(signature={"x": _FakeTFSpec([None, 3])})
+
+
+def test_insert_returns_keys_that_sampling_reports(buffer_name):
+    with shmreplay.Server([_table(), _table("u")], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        keys = client.insert({"x": np.arange(3.0)}, {"t": 1.0, "u": 2.0})
+        assert set(keys) == {"t", "u"}
+        assert client.sample_batch("t", 1).info.key[0] == keys["t"]
+        assert client.sample_batch("u", 1).info.priority[0] == 2.0
+        client.close()
+
+
+def test_sample_generator_follows_reverb_shapes(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert({"x": np.ones((3, 3), np.float32)}, {"t": 1.0})
+        steps = next(client.sample("t", emit_timesteps=True, timeout=5))
+        assert len(steps) == 1 and steps[0].data["x"].shape == (3, 3)
+        assert isinstance(steps[0].info.key, int) and isinstance(steps[0].info.probability, float)
+        sample = next(client.sample("t", emit_timesteps=False, timeout=5))
+        assert sample.data["x"].shape == (1, 3, 3)
+        assert len(list(client.sample("t", num_samples=4, timeout=5))) == 4
+        client.close()
+
+
+def test_importance_weights_match_the_formula(buffer_name):
+    with shmreplay.Server([_table(sampler=selectors.Prioritized(1.0))], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert_batch({"x": np.zeros((4, 2))}, {"t": np.array([1.0, 2.0, 3.0, 4.0])})
+        sample = client.sample_batch("t", 64, timeout=5)
+        n, p = sample.info.table_size.astype(float), sample.info.probability
+        raw = (n * p) ** -0.5
+        np.testing.assert_allclose(sample.info.importance_weights(0.5), raw / raw.max(), rtol=1e-6)
+        np.testing.assert_allclose(sample.info.importance_weights(0.5, normalize=False), raw, rtol=1e-6)
+        assert sample.info.importance_weights(0.5).dtype == np.float32
+        client.close()
+
+
+def test_client_pickles_by_name(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        clone = pickle.loads(pickle.dumps(client))
+        assert clone.server_address == server.name
+        clone.insert({"x": np.zeros(1)}, {"t": 1.0})
+        assert client.server_info()["t"].current_size == 1
+        clone.close()
+        client.close()
+
+
+def test_server_cannot_be_pickled(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        with pytest.raises(TypeError, match="send server.name"):
+            pickle.dumps(server)
+
+
+def test_table_is_a_live_handle(buffer_name):
+    table = _table(rate_limiter=rate_limiters.MinSize(2))
+    assert table.info.current_size == 0  # unserved: configuration only
+    with shmreplay.Server([table], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert({"x": np.zeros(1)}, {"t": 1.0})
+        assert table.info.current_size == 1 and not table.can_sample(1)
+        client.insert({"x": np.zeros(1)}, {"t": 1.0})
+        assert table.can_sample(1)
+        client.close()
+    with pytest.raises(RuntimeError, match="not served"):
+        table.can_sample(1)
+
+
+def test_verify_reports_a_corrupted_sum_tree(buffer_name):
+    with shmreplay.Server([_table(sampler=selectors.Prioritized(1.0))], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert_batch({"x": np.zeros((5, 1))}, {"t": 1.0})
+        assert client.verify("t") == []
+        trees = client._buffer.by_name["t"].arrays[4]
+        trees[0][1] += 1.0  # corrupt the root
+        assert client.verify("t") == ["sum-tree does not match the priorities"]
+        client.close()
+
+
+def test_python_scalars_fill_compatible_columns(buffer_name):
+    signature = {"r": shmreplay.TensorSpec((), np.float32), "a": shmreplay.TensorSpec((), np.int32)}
+    with shmreplay.Server([_table(signature=signature)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert({"r": 0.5, "a": 3}, {"t": 1.0})
+        sample = client.sample_batch("t", 1, timeout=5)
+        assert sample.data["r"].dtype == np.float32 and sample.data["r"][0] == 0.5
+        assert sample.data["a"].dtype == np.int32 and sample.data["a"][0] == 3
+        with pytest.raises(errors.SchemaError, match="column \\['a'\\]: expected dtype int32"):
+            client.insert({"r": 0.5, "a": 2.5}, {"t": 1.0})
+        client.close()
+
+
+def test_import_loads_no_tensorflow_or_jax_and_compiles_nothing():
+    import subprocess
+    import sys
+    code = ("import sys, shmreplay\n"
+            "from shmreplay._kernels import table\n"
+            "assert 'tensorflow' not in sys.modules and 'jax' not in sys.modules\n"
+            "assert not any(getattr(getattr(table, n), 'signatures', None) for n in dir(table))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -434,7 +434,9 @@ class TableEngine:
 
     def mutate(self, delete_keys, update_keys, update_priorities):
         io = np.zeros(1, np.int64)
-        status = kernels.mutate(*self.arrays, delete_keys, update_keys, update_priorities, io)
+        scratch = np.empty((2, len(update_keys)), np.int64)
+        status = kernels.mutate(*self.arrays, delete_keys, update_keys, update_priorities, io,
+                                scratch)
         if status < 0:
             self._raise_status(status)
         return status, int(io[0])

@@ -15,20 +15,13 @@ and ``rebuild`` can recompute everything else from them.
 import numpy as np
 
 from shmreplay._kernels import codes, heap, kernel, sumtree
+from shmreplay._kernels.sumtree import weight
 from shmreplay._layout import (
     C_CAPACITY, C_DELETES, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MIN_SIZE,
     C_NEXT_ID, C_ORDER_SEQ, C_PENDING, C_SAMPLER_KIND, C_SAMPLES, C_SIZE, C_SLOT_BITS,
     C_TAIL, C_TOTAL_DELETED, C_TREE_LEAVES, C_UPDATE_SEQ, F_EXPONENT0, F_MAX_DIFF,
     F_MIN_DIFF, F_SAMPLES_PER_INSERT, M_FREE, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
     M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE)
-
-
-@kernel
-def weight(priority, exponent):
-    """``priority ** exponent`` with ``0 ** a == 0`` even for ``a == 0`` (Reverb's rule)."""
-    if priority == 0.0:
-        return 0.0
-    return priority ** exponent
 
 
 @kernel
@@ -108,7 +101,7 @@ def _role_remove(ctrl, meta, prio, trees, role, slot):
 
 
 @kernel
-def _role_update(ctrl, fctrl, meta, prio, trees, role, slot):
+def fix_role(ctrl, fctrl, meta, prio, trees, role, slot):
     kind = ctrl[C_SAMPLER_KIND + role]
     if kind == codes.PRIORITIZED:
         sumtree.set_leaf(trees[role], ctrl[C_TREE_LEAVES], slot,
@@ -174,16 +167,6 @@ def remove(ctrl, meta, prio, trees, slot):
     push_free(ctrl, meta, slot)
     ctrl[C_DELETES] += 1
     ctrl[C_TOTAL_DELETED] += 1
-
-
-@kernel
-def update(ctrl, fctrl, meta, prio, trees, slot, priority):
-    """Sets a live item's priority (counts as its most recent update for heap ties)."""
-    prio[slot] = priority
-    meta[M_UPDATE, slot] = ctrl[C_UPDATE_SEQ]
-    ctrl[C_UPDATE_SEQ] += 1
-    _role_update(ctrl, fctrl, meta, prio, trees, 0, slot)
-    _role_update(ctrl, fctrl, meta, prio, trees, 1, slot)
 
 
 @kernel

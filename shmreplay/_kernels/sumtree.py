@@ -13,6 +13,35 @@ from shmreplay._kernels import kernel
 
 
 @kernel
+def weight(priority, exponent):
+    """A leaf's value: ``priority ** exponent``, with ``0 ** a == 0`` even for ``a == 0``."""
+    if priority == 0.0:
+        return 0.0
+    return priority ** exponent
+
+
+@kernel
+def set_leaves(tree, leaves, slots, count, priorities, exponent, nodes):
+    """Sets the leaves of ``slots[:count]`` from ``priorities[slot]`` and fixes ancestors.
+
+    Ancestors are recomputed one level at a time for all slots together (every leaf is
+    at the same depth), which overlaps the cache misses of the B paths on large trees.
+    A parent shared by several slots is recomputed more than once, harmlessly.
+    """
+    for b in range(count):
+        slot = slots[b]
+        tree[leaves + slot] = weight(priorities[slot], exponent)
+        nodes[b] = (leaves + slot) >> 1
+    level = leaves >> 1
+    while level >= 1:
+        for b in range(count):
+            i = nodes[b]
+            tree[i] = tree[2 * i] + tree[2 * i + 1]
+            nodes[b] = i >> 1
+        level >>= 1
+
+
+@kernel
 def set_leaf(tree, leaves, slot, value):
     """Sets slot's leaf to ``value`` and recomputes its ancestors. O(log leaves)."""
     i = leaves + slot

@@ -14,10 +14,10 @@ from shmreplay import _sync
 from shmreplay._kernels import codes, items, kernel, sumtree
 from shmreplay._kernels import verify as verify_kernels
 from shmreplay._layout import (
-    C_CLOSED, C_DELETES, C_INSERTS, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
+    C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
     C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
     C_RESERVES, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TREE_LEAVES,
-    M_KEY, M_LIVE, M_STATE, M_TIMES, M_VERSION, M_WRITER)
+    F_EXPONENT0, M_KEY, M_LIVE, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER)
 
 # Rows of the int64 output block of ``sample``.
 OUT_SLOT, OUT_KEY, OUT_TABLE_SIZE, OUT_TIMES, OUT_VERSION = range(5)
@@ -258,10 +258,33 @@ def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, 
 
 
 @kernel
-def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_priorities, io):
+def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positions):
+    # Priorities go in first (in call order, so the last of duplicate keys wins), then
+    # every structure is fixed once for the whole set.
+    for j in range(count):
+        prio[slots[j]] = values[positions[j]]
+    for j in range(count):
+        meta[M_UPDATE, slots[j]] = ctrl[C_UPDATE_SEQ]
+        ctrl[C_UPDATE_SEQ] += 1
+    leaves = ctrl[C_TREE_LEAVES]
+    for role in range(2):
+        kind = ctrl[C_SAMPLER_KIND + role]
+        if kind == codes.PRIORITIZED:
+            sumtree.set_leaves(trees[role], leaves, slots, count, prio,
+                               fctrl[F_EXPONENT0 + role], positions)
+        elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+            for j in range(count):
+                items.fix_role(ctrl, fctrl, meta, prio, trees, role, slots[j])
+
+
+@kernel
+def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_priorities, io,
+           scratch):
     """Deletes, then updates, items by key; unknown or stale keys are ignored.
 
     Returns the number of deleted items; ``io[0]`` receives the number updated.
+    ``scratch`` is int64 ``[2, len(update_keys)]``. When a key appears twice, the last
+    priority wins.
     """
     if _lock(ctrl, fctrl, meta, prio, trees) != 0:
         return BROKEN
@@ -275,11 +298,15 @@ def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_prio
             items.remove(ctrl, meta, prio, trees, slot)
             deleted += 1
     updated = 0
+    slots = scratch[0]
     for i in range(update_keys.shape[0]):
         slot = items.lookup(ctrl, meta, update_keys[i])
         if slot >= 0:
-            items.update(ctrl, fctrl, meta, prio, trees, slot, update_priorities[i])
+            slots[updated] = slot
+            scratch[1, updated] = i
             updated += 1
+    _apply_updates(ctrl, fctrl, meta, prio, trees, slots, updated, update_priorities,
+                   scratch[1])
     io[0] = updated
     if deleted:
         _bump(ctrl, C_SPACE_SEQ)

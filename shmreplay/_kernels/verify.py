@@ -7,7 +7,7 @@ mask; ``shmreplay._table.PROBLEMS`` names the bits.
 import numpy as np
 
 from shmreplay._kernels import codes, heap, kernel
-from shmreplay._kernels.items import weight
+from shmreplay._kernels.sumtree import weight
 from shmreplay._layout import (
     C_DELETES, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
     C_TAIL, C_TREE_LEAVES, F_EXPONENT0, M_HEAP0, M_HEAP_POS0, M_LIVE, M_LIVE_POS, M_NEXT,

@@ -71,6 +71,26 @@ def pop_free(ctrl, meta):
 
 
 @kernel
+def pop_free_block(ctrl, meta, n, out_slots):
+    """Takes ``n`` free slots (the caller checked ``free_count``), keeping their order.
+
+    The top ``n`` entries of the free stack come out bottom-first: slots that a FIFO
+    remover freed in ascending order are reused in ascending order, so a batch usually
+    lands in one contiguous run of slots (one memcpy per column instead of a scatter).
+    """
+    top = ctrl[C_FREE_TOP]
+    from_stack = min(n, top)
+    for i in range(from_stack):
+        out_slots[i] = meta[M_FREE, top - from_stack + i]
+    ctrl[C_FREE_TOP] = top - from_stack
+    fresh = ctrl[C_FRESH]
+    for i in range(from_stack, n):
+        out_slots[i] = fresh
+        fresh += 1
+    ctrl[C_FRESH] = fresh
+
+
+@kernel
 def push_free(ctrl, meta, slot):
     top = ctrl[C_FREE_TOP]
     meta[M_FREE, top] = slot

@@ -89,11 +89,10 @@ def reserve(ctrl, fctrl, meta, prio, trees, n, pid, was_waiting, register, out_s
         return codes.CLOSED
     if not items.can_insert(ctrl, fctrl, n) or items.free_count(ctrl) < n:
         return _block(ctrl, C_SPACE_WAITERS, C_SPACE_SEQ, register, io)
-    # Filled back to front: slots freed in ascending order come off the free stack
-    # descending, so this usually yields an ascending run (one memcpy per column).
     ctrl[C_RESERVES] += 1
-    for i in range(n - 1, -1, -1):
-        slot = items.pop_free(ctrl, meta)
+    items.pop_free_block(ctrl, meta, n, out_slots)
+    for i in range(n):
+        slot = out_slots[i]
         meta[M_VERSION, slot] += 1
         meta[M_WRITER, slot] = pid
         meta[M_STATE, slot] = codes.WRITING

@@ -451,8 +451,9 @@ class TableEngine:
         kernels.close(*self.arrays)
 
     def verify(self):
-        """The names of the invariants this table violates (empty when healthy)."""
+        """Frees slots of dead writers, then names the invariants the table violates."""
         from shmreplay._kernels import verify as checks
+        self.reclaim_dead_writers()
         status = kernels.verify(*self.arrays)
         if status < 0:
             self._raise_status(status)

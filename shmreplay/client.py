@@ -260,6 +260,9 @@ class Client:
     def verify(self, table: str) -> List[str]:
         """Checks a table's invariants (sum-trees, heaps, lists, counters, slot states).
 
+        First frees the slots that writers reserved and then died holding (they are never
+        visible as items, but count against the rate limiter until freed).
+
         Returns:
           A list of problems, empty when the table is consistent.
         """

@@ -1,0 +1,353 @@
+"""No leaks (DESIGN invariant 7): the owner removes every segment it created when it
+stops, leaves a ``with`` block, or exits (normally, by an uncaught exception, by SIGTERM
+or SIGINT); other processes then see ``BufferBrokenError`` / ``BufferNotFoundError``.
+A forked child of the owner never removes the owner's buffer; a SIGKILLed owner
+cannot clean up, and its segments stay until removed by name.
+
+Segments are checked in /dev/shm itself, not through the library.
+"""
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import posix_ipc
+import pytest
+
+import _mp_workers as W
+import shmreplay
+from shmreplay import _layout as L
+from shmreplay import errors
+from shmreplay.specs import TensorSpec
+
+pytestmark = pytest.mark.slow
+
+SPAWN = multiprocessing.get_context("spawn")
+X8 = {"x": TensorSpec((8,), np.float64)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_kernels():
+    """Compiles every kernel in this process first, so timings measure the library."""
+    W.warm_kernels()
+
+
+def _segments(name):
+    return W.shm_objects(name)
+
+
+def _all_removed(name, timeout=2.0):
+    """True once no /dev/shm entry of ``name`` is left (polls up to ``timeout``)."""
+    return W.wait_until(lambda: not _segments(name), timeout)
+
+
+def _expected_segments(name):
+    # make_server's buffer: the header segment and one data segment per table.
+    return [f"shmreplay.{name}", f"shmreplay.{name}.t0", f"shmreplay.{name}.t1"]
+
+
+def _table(name="t", signature=X8):
+    return shmreplay.Table.queue(name, 16, signature=signature)
+
+
+# --------------------------------------------------------------------------------------
+# the owner stops the buffer in-process
+# --------------------------------------------------------------------------------------
+
+def test_stop_removes_every_segment(buffer_name):
+    server = shmreplay.Server([_table("signed"), _table("unsigned", None)], name=buffer_name)
+    try:
+        client = server.localhost_client()
+        client.insert({"y": np.arange(3)}, priorities={"unsigned": 1.0}, timeout=5)
+        client.close()
+        assert _segments(buffer_name) == _expected_segments(buffer_name)
+    finally:
+        server.stop()
+    assert _all_removed(buffer_name), _segments(buffer_name)
+    assert server.stopped
+
+
+def test_with_block_removes_every_segment(buffer_name):
+    with shmreplay.Server([_table("signed"), _table("unsigned", None)],
+                          name=buffer_name) as server:
+        with server.localhost_client() as client:
+            client.insert({"y": np.arange(3)}, priorities={"unsigned": 1.0}, timeout=5)
+        assert _segments(buffer_name) == _expected_segments(buffer_name)
+    assert _all_removed(buffer_name), _segments(buffer_name)
+
+
+def test_with_block_left_by_an_exception_removes_every_segment(buffer_name):
+    with pytest.raises(KeyError):
+        with shmreplay.Server([_table()], name=buffer_name):
+            assert _segments(buffer_name)
+            raise KeyError("boom")
+    assert _all_removed(buffer_name), _segments(buffer_name)
+
+
+def test_stop_twice_is_fine(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        server.stop()
+        server.stop()
+        assert server.stopped
+    server.stop()
+    assert _all_removed(buffer_name)
+
+
+def test_attach_after_stop_raises_buffer_not_found(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        shmreplay.Client(server.name).close()
+    with pytest.raises(errors.BufferNotFoundError):
+        shmreplay.Client(buffer_name)
+    # Also from a process that never saw the buffer.
+    script = ("import shmreplay, sys\n"
+              "try:\n    shmreplay.Client(sys.argv[1])\n"
+              "except shmreplay.errors.BufferNotFoundError:\n    print('not found')\n")
+    result = subprocess.run([sys.executable, "-c", script, buffer_name],
+                            capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == "not found", result.stderr
+
+
+# --------------------------------------------------------------------------------------
+# the owner is another process that exits
+# --------------------------------------------------------------------------------------
+
+def _run_owner(target, name, *extra):
+    """Starts an owner process; returns it once its buffer exists (all its segments)."""
+    queue, ready = SPAWN.Queue(), SPAWN.Event()
+    proc = SPAWN.Process(target=target, args=(name, *extra, ready, queue))
+    proc.start()
+    try:
+        assert ready.wait(20), "the owner did not start"
+        assert W.wait_until(lambda: _segments(name) == _expected_segments(name), 2), \
+            _segments(name)
+    except BaseException:
+        proc.kill()
+        proc.join(5)
+        raise
+    return proc, queue
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["server-collected", "server-kept-global"])
+def test_owner_returning_without_stop_removes_every_segment(buffer_name, keep):
+    proc, queue = _run_owner(W.owner_returns, buffer_name, keep)
+    try:
+        proc.join(10)
+        assert proc.exitcode == 0, None if queue.empty() else queue.get(timeout=1)
+        assert _all_removed(buffer_name), _segments(buffer_name)
+    finally:
+        proc.kill()
+        proc.join(5)
+
+
+def test_owner_dying_of_uncaught_exception_removes_every_segment(buffer_name):
+    proc, _ = _run_owner(W.owner_raises, buffer_name)
+    try:
+        proc.join(10)
+        assert proc.exitcode == 1  # the exception killed it
+        assert _all_removed(buffer_name), _segments(buffer_name)
+    finally:
+        proc.kill()
+        proc.join(5)
+
+
+def test_owner_script_exit_and_uncaught_exception_remove_every_segment(buffer_name):
+    # An owner that is a plain interpreter (no multiprocessing machinery around it).
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[3])
+        import _mp_workers
+        server = _mp_workers.make_server(sys.argv[1])
+        print(len(_mp_workers.shm_objects(sys.argv[1])), flush=True)
+        if sys.argv[2] == "raise":
+            raise RuntimeError("uncaught (expected by the test)")
+    """)
+    tests_dir = os.path.dirname(os.path.abspath(W.__file__))
+    for mode, code in (("return", 0), ("raise", 1)):
+        name = f"{buffer_name}-{mode}"
+        result = subprocess.run([sys.executable, "-c", script, name, mode, tests_dir],
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == code, result.stderr
+        assert result.stdout.strip() == "3", (mode, result.stdout, result.stderr)
+        assert _all_removed(name), (mode, _segments(name))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_owner_killed_by_signal_removes_every_segment(buffer_name, signum):
+    proc, queue = _run_owner(W.owner_waits, buffer_name)
+    client = None
+    try:
+        client = shmreplay.Client(buffer_name)
+        assert client.server_info()["signed"].current_size == 1
+        os.kill(proc.pid, signum)
+        proc.join(10)
+        assert proc.exitcode is not None, "the owner ignored the signal"
+        if signum == signal.SIGTERM:
+            assert proc.exitcode == -signal.SIGTERM  # it still dies by the signal
+        else:
+            assert proc.exitcode != 0  # KeyboardInterrupt
+        assert queue.empty(), queue.get(timeout=1)  # it did not just time out
+        assert _all_removed(buffer_name), _segments(buffer_name)
+        # A client attached in this process learns that the owner is gone.
+        with pytest.raises(errors.BufferBrokenError):
+            client.insert({"x": np.ones(8)}, priorities={"signed": 1.0}, timeout=1)
+        with pytest.raises(errors.BufferBrokenError):
+            client.sample_batch("signed", 1, timeout=1)
+    finally:
+        if client is not None:
+            client.close()
+        proc.kill()
+        proc.join(5)
+
+
+def test_sigkilled_owner_leaves_its_segments_behind(buffer_name):
+    proc, _ = _run_owner(W.owner_waits, buffer_name)
+    try:
+        assert W.kill_and_reap(proc) == -signal.SIGKILL
+        time.sleep(0.3)
+        leftovers = _segments(buffer_name)
+        assert leftovers == _expected_segments(buffer_name)
+    finally:
+        proc.kill()
+        proc.join(5)
+        for entry in _segments(buffer_name):
+            posix_ipc.unlink_shared_memory("/" + entry)
+    assert not _segments(buffer_name)
+
+
+# --------------------------------------------------------------------------------------
+# other processes when the owner stops
+# --------------------------------------------------------------------------------------
+
+def test_client_in_other_process_gets_buffer_broken_after_stop(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        queue, ready, go = SPAWN.Queue(), SPAWN.Event(), SPAWN.Event()
+        child = SPAWN.Process(target=W.client_after_stop,
+                              args=(server.name, "t", ready, go, queue))
+        with W.processes(child):
+            assert ready.wait(20)
+            server.stop()
+            assert _all_removed(buffer_name)
+            go.set()
+            outcomes = W.get(queue, 10, "outcomes")
+            child.join(10)
+    assert outcomes == ["BufferBrokenError"] * 3
+    assert child.exitcode == 0
+
+
+def test_blocked_sampler_in_other_process_is_woken_by_stop(buffer_name):
+    server = shmreplay.Server([_table()], name=buffer_name)
+    try:
+        engine = server._tables[0]._engine
+        queue, ready = SPAWN.Queue(), SPAWN.Event()
+        child = SPAWN.Process(target=W.blocked_sampler, args=(server.name, "t", 10, ready, queue))
+        with W.processes(child):
+            assert ready.wait(20)
+            assert W.wait_until(lambda: engine.ctrl[L.C_ITEMS_WAITERS] >= 1, 5)
+            time.sleep(0.1)
+            stopped_at = time.monotonic()
+            server.stop()
+            kind, start, woke_at = W.get(queue, 10, "raised")
+            child.join(10)
+        assert kind == "BufferBrokenError"
+        assert woke_at - stopped_at < 1.0, f"woke {woke_at - stopped_at:.3f} s after stop"
+        assert child.exitcode == 0
+    finally:
+        server.stop()
+    assert _all_removed(buffer_name)
+
+
+def test_blocked_inserter_in_other_process_is_woken_by_stop(buffer_name):
+    table = shmreplay.Table.queue("t", 1, signature={"x": TensorSpec((8,), np.float64),
+                                                     "v": TensorSpec((), np.int64)})
+    server = shmreplay.Server([table], name=buffer_name)
+    try:
+        engine = table._engine
+        with server.localhost_client() as client:
+            client.insert({"x": np.zeros(8), "v": np.int64(0)}, priorities={"t": 1.0}, timeout=5)
+        queue, ready = SPAWN.Queue(), SPAWN.Event()
+        child = SPAWN.Process(target=W.blocked_inserter,
+                              args=(server.name, "t", 1, 10, ready, queue))
+        with W.processes(child):
+            assert ready.wait(20)
+            assert W.wait_until(lambda: engine.ctrl[L.C_SPACE_WAITERS] >= 1, 5)
+            stopped_at = time.monotonic()
+            server.stop()
+            kind, start, woke_at = W.get(queue, 10, "raised")
+            child.join(10)
+        assert kind == "BufferBrokenError"
+        assert woke_at - stopped_at < 1.0
+    finally:
+        server.stop()
+    assert _all_removed(buffer_name)
+
+
+# --------------------------------------------------------------------------------------
+# forked children of the owner
+# --------------------------------------------------------------------------------------
+
+FORK = multiprocessing.get_context("fork")
+
+
+def test_forked_child_exiting_does_not_remove_the_owners_buffer(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        client = server.localhost_client()
+        try:
+            before = _segments(buffer_name)
+            assert before == [f"shmreplay.{buffer_name}", f"shmreplay.{buffer_name}.t0"]
+            queue = FORK.Queue()
+            child = FORK.Process(target=W.forked_child, args=(server, client, "t", queue))
+            with W.processes(child):
+                pid = W.get(queue, 10, "done")
+                child.join(10)
+            assert pid != os.getpid() and child.exitcode == 0
+            time.sleep(0.2)
+            assert _segments(buffer_name) == before
+            assert not server.stopped
+            # The buffer still works, and holds what the child inserted.
+            sample = client.sample_batch("t", 1, timeout=2)
+            assert np.all(sample.data["x"] == 7.0)
+            client.insert({"x": np.ones(8)}, priorities={"t": 1.0}, timeout=2)
+            with shmreplay.Client(buffer_name) as other:
+                assert other.server_info()["t"].current_size == 1
+        finally:
+            client.close()
+    assert _all_removed(buffer_name)
+
+
+def test_forked_child_killed_by_sigterm_does_not_remove_the_owners_buffer(buffer_name):
+    with shmreplay.Server([_table()], name=buffer_name) as server:
+        before = _segments(buffer_name)
+        queue, ready = FORK.Queue(), FORK.Event()
+        child = FORK.Process(target=W.forked_child_sigterm, args=(ready, queue))
+        with W.processes(child):
+            assert ready.wait(10)
+            os.kill(child.pid, signal.SIGTERM)  # runs the inherited cleanup handler
+            child.join(10)
+        assert child.exitcode == -signal.SIGTERM
+        time.sleep(0.2)
+        assert _segments(buffer_name) == before
+        with server.localhost_client() as client:
+            client.insert({"x": np.ones(8)}, priorities={"t": 1.0}, timeout=2)
+            assert client.sample_batch("t", 1, timeout=2).data["x"].tolist() == [[1.0] * 8]
+    assert _all_removed(buffer_name)
+
+
+def test_forked_child_exiting_through_interpreter_shutdown_keeps_the_buffer(buffer_name):
+    # The owner is a spawned process that os.fork()s; the child exits like any Python
+    # program (atexit hooks, garbage collection). Only the owner's own exit removes it.
+    queue = SPAWN.Queue()
+    owner = SPAWN.Process(target=W.owner_forks, args=(buffer_name, queue))
+    with W.processes(owner):
+        status, before, after, size = W.get(queue, 20, "forked")
+        owner.join(10)
+    assert status == 0
+    assert before == _expected_segments(buffer_name)
+    assert after == before, "the forked child removed its parent's buffer"
+    assert size == 2  # make_server's item and the child's insert
+    assert owner.exitcode == 0
+    assert _all_removed(buffer_name), _segments(buffer_name)

@@ -11,8 +11,9 @@ user, insert and sample at memory speed::
         max_size=100_000, rate_limiter=rate_limiters.MinSize(1_000))], name="my-buffer")
     client = shmreplay.Client("my-buffer")        # from any process
 
-Importing this package loads no TensorFlow or JAX and compiles nothing; the adapters are
-``shmreplay.tf`` and ``shmreplay.jax``.
+Importing this package loads no TensorFlow or JAX and compiles nothing (kernels compile
+on first use and are cached on disk). TensorFlow and JAX adapters are planned as
+separate modules that are only imported when asked for.
 """
 
 from shmreplay import errors, rate_limiters, selectors

@@ -245,15 +245,23 @@ class TableEngine:
         signature = specs.optree.tree_unflatten(treedef, column_specs)
         deadline = time.monotonic() + 2.0
         while not self.has_columns():
+            if self.ctrl[L.C_CLOSED]:
+                self._raise_status(codes.CLOSED)
             try:
                 self._create_data_segment(signature, column_specs)
-                return
             except FileExistsError:
                 # Another process is creating it right now; if it died half-way, take over.
                 if time.monotonic() > deadline:
                     _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
                     deadline = time.monotonic() + 2.0
                 time.sleep(0.001)
+                continue
+            if self.ctrl[L.C_CLOSED]:
+                # The owner stopped while we created it: it may have unlinked the names
+                # already, so remove ours rather than leak it.
+                _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
+                self._raise_status(codes.CLOSED)
+            return
 
     # --- blocking calls ---------------------------------------------------------------
 
@@ -372,7 +380,13 @@ class TableEngine:
     # --- sampling ---------------------------------------------------------------------
 
     def sample(self, batch_size: int, timeout):
-        """Draws up to ``batch_size`` items and copies them; returns a ReplaySample."""
+        """Samples ``batch_size`` items and copies them; returns a ReplaySample.
+
+        Waits while the rate limiter allows no sample. Returns fewer rows only if the
+        table ran out of items (``max_times_sampled``), or if ``timeout`` expired after at
+        least one row was taken.
+        """
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         if self.columns is None and not self.has_columns():
             # Nothing was ever inserted: wait for the first item, then map its columns.
             self._blocking(kernels.wait_for_items, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout,
@@ -383,28 +397,51 @@ class TableEngine:
         io = np.empty(2, np.int64)
         count = kernels.sample(*self.arrays, batch_size, 0, 0, out_i, out_f, io)
         if count < 0:
-            if count != codes.BLOCKED:
-                self._raise_status(count)
-            count = self._blocking(
-                kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout, False,
-                lambda was_waiting, register: (batch_size, was_waiting, register, out_i, out_f),
-                io)
+            count = self._draw_blocking(batch_size, out_i, out_f, io, deadline, count)
+        reserves = io[1]
+        if count < batch_size and io[0] > 0:
+            # The rate limiter stopped the batch early: wait for credit, fill the rest.
+            count = self._fill(out_i, out_f, count, deadline)
         if count < batch_size:
             out_i = out_i[:, :count]
             out_f = out_f[:, :count]
         slots = out_i[kernels.OUT_SLOT]
         data = [column.take(slots, axis=0) for column in self.columns]
-        if self.ctrl[L.C_RESERVES] != io[1]:  # some slot was reused meanwhile: check ours
+        if self.ctrl[L.C_RESERVES] != reserves:  # some slot was reused meanwhile: check ours
             torn = np.empty(count, np.int64)
             if kernels.torn_rows(self.meta, slots, out_i[kernels.OUT_VERSION], torn):
                 self._redraw_torn_rows(out_i, out_f, data, torn)
-        info = SampleInfo(
-            key=out_i[kernels.OUT_KEY].view(np.uint64),
-            probability=out_f[kernels.OUT_PROBABILITY],
-            table_size=out_i[kernels.OUT_TABLE_SIZE],
-            priority=out_f[kernels.OUT_PRIORITY],
-            times_sampled=out_i[kernels.OUT_TIMES].astype(np.int32))
+        info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
+                          out_i[kernels.OUT_TABLE_SIZE], out_f[kernels.OUT_PRIORITY],
+                          out_i[kernels.OUT_TIMES].astype(np.int32))
         return ReplaySample(info, self._unflatten(data))
+
+    def _draw_blocking(self, batch_size, out_i, out_f, io, deadline, status):
+        if status != codes.BLOCKED:
+            self._raise_status(status)
+        timeout = None if deadline is None else deadline - time.monotonic()
+        return self._blocking(
+            kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout, False,
+            lambda was_waiting, register: (batch_size, was_waiting, register, out_i, out_f), io)
+
+    def _fill(self, out_i, out_f, count, deadline):
+        """Draws the rest of a batch as the rate limiter allows; partial on timeout."""
+        batch_size = out_i.shape[1]
+        io = np.empty(2, np.int64)
+        while count < batch_size:
+            rest = batch_size - count
+            more_i = np.empty((kernels.OUT_INT_ROWS, rest), np.int64)
+            more_f = np.empty((kernels.OUT_FLOAT_ROWS, rest), np.float64)
+            try:
+                got = self._draw_blocking(rest, more_i, more_f, io, deadline, codes.BLOCKED)
+            except errors.DeadlineExceededError:
+                return count
+            out_i[:, count:count + got] = more_i[:, :got]
+            out_f[:, count:count + got] = more_f[:, :got]
+            count += got
+            if io[0] == 0:  # the table ran out of items
+                return count
+        return count
 
     def _unflatten(self, leaves):
         keys = self._flat_keys

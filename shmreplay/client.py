@@ -173,10 +173,11 @@ class Client:
                      ) -> ReplaySample:
         """Samples a batch: the learner's fast path.
 
-        Waits (up to ``timeout`` seconds) until the rate limiter allows one sample, then
-        takes as many as it allows, up to ``batch_size``. Fewer than ``batch_size`` rows
-        come back only if the rate limiter or ``max_times_sampled`` deletions stop the
-        batch early (Reverb's flexible batching).
+        Takes items as the rate limiter allows them, waiting for more credit until the
+        batch is full (a learner's train step wants a fixed batch shape). Fewer than
+        ``batch_size`` rows come back only if ``max_times_sampled`` deletions empty the
+        table (a queue with fewer items than asked for), or if ``timeout`` expires after
+        at least one row was taken; with no row taken, the timeout raises.
 
         Returns:
           ``ReplaySample(info, data)``: ``info`` fields are arrays ``[B]`` (key uint64,

@@ -60,7 +60,7 @@ class SampleInfo(NamedTuple):
 
     @classmethod
     def dtypes(cls):
-        """The numpy dtype of each field (TensorFlow's ``tf_dtypes`` lives in ``shmreplay.tf``)."""
+        """The numpy dtype of each field."""
         return cls(*(np.dtype(INFO_DTYPES[f]) for f in cls._fields))
 
 

@@ -27,8 +27,6 @@ class Server:
       name: The buffer's address; ``None`` picks a unique one. Letters, digits,
         ``_ . -``; at most 100 characters.
       port: Accepted for Reverb compatibility and ignored (there is no socket).
-      group_shared: Create segments readable and writable by the owner's group too
-        (mode 0660) instead of the owner only (0600).
 
     Raises:
       ValueError: if ``tables`` is empty, has duplicate names, or a table is already
@@ -42,7 +40,7 @@ class Server:
     """
 
     def __init__(self, tables: Optional[Sequence[Table]] = None, name: Optional[str] = None,
-                 port=None, *, group_shared: bool = False):
+                 port=None):
         if not tables:
             raise ValueError("At least one table must be provided.")
         names = [t.name for t in tables]
@@ -60,7 +58,7 @@ class Server:
         self._tables = list(tables)
         self._owner_pid = os.getpid()
         self._stopped = threading.Event()
-        self._buffer = _buffer.create(self._name, self._tables, 0o660 if group_shared else 0o600)
+        self._buffer = _buffer.create(self._name, self._tables)
         for table, engine in zip(self._tables, self._buffer.engines):
             table._engine = engine
         _register(self)

@@ -38,3 +38,14 @@ def buffer_name(request):
     """A unique buffer name for this test (prefix 'test-')."""
     import uuid
     return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """Compiles every kernel once, in this process, before any test spawns workers.
+
+    numba caches compiled kernels on disk; without this, the first tests' spawned
+    processes would all compile the same kernels at the same time.
+    """
+    import _mp_workers
+    _mp_workers.warm_kernels()

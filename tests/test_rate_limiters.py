@@ -331,20 +331,34 @@ def test_worked_example_sample_to_insert_ratio():
         assert info.sample_stats.completed == 50   # one per sampled item
 
 
-def test_partial_batch_when_limiter_allows_fewer_than_requested():
-    # Reverb's flexible batch: items are taken while the limiter allows. 100 inserts under
-    # (spi=2, m=100, eb=50) allow exactly 50 samples, so a request for 80 gets 50 rows
-    # (after waiting for at most its timeout) and not one more.
+def test_batch_waits_for_credit_then_returns_partial_on_timeout():
+    # 100 inserts under (spi=2, m=100, eb=50) allow exactly 50 samples. A request for 80
+    # takes those 50, waits for credit that never comes, and returns the 50 rows at the
+    # timeout (rows already taken are never thrown away) without sampling one more.
     with _serve(rate_limiters.SampleToInsertRatio(2, 100, 50)) as (table, client):
         client.insert_batch(np.arange(100, dtype=np.int64), priorities={TABLE: 1.0}, timeout=1)
         start = time.monotonic()
-        s = client.sample_batch(TABLE, batch_size=80, timeout=3)
-        # Reverb (SampleFlexibleBatch) waits only for the first item, then returns what
-        # the limiter allows instead of waiting for the rest.
-        assert time.monotonic() - start < 1.0
+        s = client.sample_batch(TABLE, batch_size=80, timeout=0.5)
+        assert 0.4 < time.monotonic() - start < 3.0
         assert len(s.info.key) == 50
         assert len(s.data) == 50
         assert table.info.rate_limiter_info.sample_stats.completed == 50
+
+
+def test_batch_is_completed_by_credit_from_a_later_insert():
+    # 50 samples allowed now; 15 more inserts pay for 30 more: the batch of 80 fills up.
+    with _serve(rate_limiters.SampleToInsertRatio(2, 100, 50)) as (table, client):
+        client.insert_batch(np.arange(100, dtype=np.int64), priorities={TABLE: 1.0}, timeout=1)
+        inserter = threading.Timer(
+            0.2, lambda: client.insert_batch(np.arange(15, dtype=np.int64),
+                                             priorities={TABLE: 1.0}, timeout=5))
+        inserter.start()
+        try:
+            s = client.sample_batch(TABLE, batch_size=80, timeout=5)
+        finally:
+            inserter.join(timeout=10)
+        assert len(s.info.key) == 80
+        assert table.info.rate_limiter_info.sample_stats.completed == 80
 
 
 def test_min_size_never_blocks_inserts_and_counts_batches_per_item():

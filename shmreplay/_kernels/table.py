@@ -206,8 +206,12 @@ def _record(ctrl, meta, prio, slot, probability, out_i, out_f, j):
 
 @kernel
 def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, out_f, io):
-    """Samples up to ``batch`` items (Reverb's flexible batch: at least one, as many as
-    the rate limiter allows), counting each as one sample.
+    """Samples up to ``batch`` items: at least one, as many as the rate limiter allows
+    now (Reverb's flexible batch; the engine waits and calls again to fill a batch),
+    counting each as one sample.
+
+    On success ``io[0]`` receives the table size left (0: the batch stopped because
+    ``max_times_sampled`` emptied the table) and ``io[1]`` the reserve counter.
     """
     if _lock(ctrl, fctrl, meta, prio, trees) != 0:
         return BROKEN
@@ -248,6 +252,7 @@ def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, 
                 items.remove(ctrl, meta, prio, trees, slot)
             count += 1
     ctrl[C_TOTAL_SAMPLED] += count
+    io[0] = ctrl[C_SIZE]
     # Seqlock: if C_RESERVES still equals this after the copy, no drawn slot was reused.
     io[1] = ctrl[C_RESERVES]
     # More samples (and any deletes) can unblock inserts.

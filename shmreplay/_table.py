@@ -25,7 +25,8 @@ _RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writ
 
 _seeded_pid = None
 _UNSET = object()
-_SCRATCH_IO = np.zeros(2, np.int64)  # for calls that never wait (its content is unused)
+_SCRATCH_IO = np.zeros(2, np.int64)
+_NO_KEYS = np.empty(0, np.int64)  # for calls that never wait (its content is unused)
 
 
 def _seed_rng():
@@ -398,8 +399,8 @@ class TableEngine:
         count = kernels.sample(*self.arrays, batch_size, 0, 0, out_i, out_f, io)
         if count < 0:
             count = self._draw_blocking(batch_size, out_i, out_f, io, deadline, count)
-        reserves = io[1]
-        if count < batch_size and io[0] > 0:
+        reserves = io.item(1)
+        if count < batch_size and io.item(0) > 0:
             # The rate limiter stopped the batch early: wait for credit, fill the rest.
             count = self._fill(out_i, out_f, count, deadline)
         if count < batch_size:
@@ -407,13 +408,16 @@ class TableEngine:
             out_f = out_f[:, :count]
         slots = out_i[kernels.OUT_SLOT]
         data = [column.take(slots, axis=0) for column in self.columns]
-        if self.ctrl[L.C_RESERVES] != reserves:  # some slot was reused meanwhile: check ours
+        if self.ctrl.item(L.C_RESERVES) != reserves:  # a slot was reused meanwhile: check ours
             torn = np.empty(count, np.int64)
             if kernels.torn_rows(self.meta, slots, out_i[kernels.OUT_VERSION], torn):
                 self._redraw_torn_rows(out_i, out_f, data, torn)
         info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
                           out_i[kernels.OUT_TABLE_SIZE], out_f[kernels.OUT_PRIORITY],
                           out_i[kernels.OUT_TIMES].astype(np.int32))
+        keys = self._flat_keys
+        if keys and keys is not _UNSET:  # a flat dict: skip optree
+            return ReplaySample(info, dict(zip(keys, data)))
         return ReplaySample(info, self._unflatten(data))
 
     def _draw_blocking(self, batch_size, out_i, out_f, io, deadline, status):
@@ -477,6 +481,15 @@ class TableEngine:
         if status < 0:
             self._raise_status(status)
         return status, int(io[0])
+
+    def update(self, keys, priorities) -> int:
+        """Sets priorities by key (the learner's path); returns how many keys were live."""
+        io = np.empty(1, np.int64)
+        status = kernels.mutate(*self.arrays, _NO_KEYS, keys, priorities, io,
+                                np.empty((2, len(keys)), np.int64))
+        if status < 0:
+            self._raise_status(status)
+        return int(io[0])
 
     def reset(self):
         status = kernels.reset(*self.arrays)

@@ -250,9 +250,17 @@ class Client:
           How many keys were found and updated (evicted items are ignored).
         """
         engine = self._engine(table)
-        keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
-        prios = _check_priorities(table, priorities, keys.size)
-        return engine.mutate(np.empty(0, np.int64), keys.view(np.int64), prios)[1]
+        if type(keys) is not np.ndarray or keys.dtype != np.uint64 or keys.ndim != 1:
+            keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
+        if (type(priorities) is np.ndarray and priorities.dtype == np.float64
+                and priorities.shape == keys.shape):
+            prios = priorities  # validated by the kernel call below
+            bad = kernels.first_invalid_priority(prios)
+            if bad >= 0:
+                _check_priorities(table, prios, keys.size)
+        else:
+            prios = _check_priorities(table, priorities, keys.size)
+        return engine.update(keys.view(np.int64), prios)
 
     def reset(self, table: str):
         """Removes every item of ``table`` and resets its rate limiter."""

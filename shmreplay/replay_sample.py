@@ -46,13 +46,12 @@ class SampleInfo(NamedTuple):
         Returns:
           A float32 array shaped like ``probability``.
         """
-        prob = np.asarray(self.probability, dtype=np.float64)
-        size = np.asarray(self.table_size, dtype=np.float64)
-        with np.errstate(divide="ignore"):
-            weights = np.power(size * prob, -float(beta))
-        if normalize and weights.size:
-            weights = weights / np.max(weights)
-        return weights.astype(np.float32)
+        from shmreplay._kernels.table import importance_weights  # numba: import lazily
+        prob = np.asarray(self.probability, dtype=np.float64).reshape(-1)
+        size = np.asarray(self.table_size, dtype=np.int64).reshape(-1)
+        weights = np.empty(prob.shape, np.float32)
+        importance_weights(prob, size, float(beta), bool(normalize), weights)
+        return weights.reshape(np.shape(self.probability))
 
     @classmethod
     def zeros(cls):

@@ -468,3 +468,16 @@ def verify(ctrl, fctrl, meta, prio, trees):
     problems = verify_kernels.check(ctrl, fctrl, meta, prio, trees)
     _unlock(ctrl)
     return problems
+
+
+@kernel
+def importance_weights(probability, table_size, beta, normalize, out):
+    """``(table_size * probability) ** -beta`` into ``out``, divided by its max if asked."""
+    largest = 0.0
+    for i in range(probability.shape[0]):
+        weight = (table_size[i] * probability[i]) ** -beta
+        out[i] = weight
+        largest = max(largest, weight)
+    if normalize and largest > 0.0:
+        for i in range(probability.shape[0]):
+            out[i] = out[i] / largest

@@ -360,7 +360,8 @@ class TableEngine:
 
     def commit(self, slots, priorities):
         keys = np.empty(len(slots), np.int64)
-        status = kernels.commit(*self.arrays, slots, priorities, keys, np.empty(2))
+        status = kernels.commit(*self.arrays, slots, priorities, keys, np.empty(2),
+                                np.empty((2, 2 * len(slots)), np.int64))
         if status < 0:
             self._raise_status(status)
         return keys.view(np.uint64)

@@ -14,6 +14,17 @@ INFO_DTYPES = {
 }
 
 
+_weights_kernel = None
+
+
+def _load_weights_kernel():
+    # numba kernels are imported on first use: importing shmreplay compiles nothing.
+    global _weights_kernel
+    from shmreplay._kernels.table import importance_weights
+    _weights_kernel = importance_weights
+    return importance_weights
+
+
 class SampleInfo(NamedTuple):
     """Metadata of sampled items.
 
@@ -46,12 +57,17 @@ class SampleInfo(NamedTuple):
         Returns:
           A float32 array shaped like ``probability``.
         """
-        from shmreplay._kernels.table import importance_weights  # numba: import lazily
-        prob = np.asarray(self.probability, dtype=np.float64).reshape(-1)
-        size = np.asarray(self.table_size, dtype=np.int64).reshape(-1)
-        weights = np.empty(prob.shape, np.float32)
-        importance_weights(prob, size, float(beta), bool(normalize), weights)
-        return weights.reshape(np.shape(self.probability))
+        kernel = _weights_kernel or _load_weights_kernel()
+        prob, size = self.probability, self.table_size
+        if type(prob) is not np.ndarray or prob.dtype != np.float64 or prob.ndim != 1:
+            prob = np.asarray(prob, dtype=np.float64).reshape(-1)
+        if type(size) is not np.ndarray or size.dtype != np.int64 or size.ndim != 1:
+            size = np.asarray(size, dtype=np.int64).reshape(-1)
+        weights = np.empty(prob.shape[0], np.float32)
+        kernel(prob, size, float(beta), bool(normalize), weights)
+        if np.ndim(self.probability) != 1:
+            return weights.reshape(np.shape(self.probability))
+        return weights
 
     @classmethod
     def zeros(cls):

@@ -132,8 +132,12 @@ def fix_role(ctrl, fctrl, meta, prio, trees, role, slot):
 
 
 @kernel
-def add(ctrl, fctrl, meta, prio, trees, slot, priority):
-    """Makes a WRITING slot a live item; returns its new key."""
+def add(ctrl, fctrl, meta, prio, trees, slot, priority, tree0):
+    """Makes a WRITING slot a live item; returns its new key.
+
+    ``tree0=False`` leaves the sampler's sum-tree to the caller (``sumtree.set_leaves``
+    for a whole batch at once).
+    """
     item_id = ctrl[C_NEXT_ID]
     ctrl[C_NEXT_ID] = item_id + 1
     key = (item_id << ctrl[C_SLOT_BITS]) | slot
@@ -156,15 +160,16 @@ def add(ctrl, fctrl, meta, prio, trees, slot, priority):
     else:
         ctrl[C_HEAD] = slot
     ctrl[C_TAIL] = slot
-    _role_add(ctrl, fctrl, meta, prio, trees, 0, slot)
+    if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
+        _role_add(ctrl, fctrl, meta, prio, trees, 0, slot)
     _role_add(ctrl, fctrl, meta, prio, trees, 1, slot)
     meta[M_STATE, slot] = codes.READY
     return key
 
 
 @kernel
-def remove(ctrl, meta, prio, trees, slot):
-    """Deletes a live item (a rate-limiter delete) and frees its slot."""
+def remove(ctrl, meta, prio, trees, slot, tree0):
+    """Deletes a live item (a rate-limiter delete) and frees its slot (``tree0``: as in add)."""
     meta[M_STATE, slot] = codes.FREE
     pos = meta[M_LIVE_POS, slot]
     last_pos = ctrl[C_SIZE] - 1
@@ -182,7 +187,8 @@ def remove(ctrl, meta, prio, trees, slot):
         meta[M_PREV, nxt] = prev
     else:
         ctrl[C_TAIL] = prev
-    _role_remove(ctrl, meta, prio, trees, 0, slot)
+    if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
+        _role_remove(ctrl, meta, prio, trees, 0, slot)
     _role_remove(ctrl, meta, prio, trees, 1, slot)
     push_free(ctrl, meta, slot)
     ctrl[C_DELETES] += 1

@@ -15,7 +15,7 @@ from shmreplay._kernels import codes, items, kernel, sumtree
 from shmreplay._kernels import verify as verify_kernels
 from shmreplay._layout import (
     C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
-    C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
+    C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_REMOVER_KIND, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
     C_RESERVES, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TREE_LEAVES,
     F_EXPONENT0, M_KEY, M_LIVE, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER)
 
@@ -103,21 +103,33 @@ def reserve(ctrl, fctrl, meta, prio, trees, n, pid, was_waiting, register, out_s
 
 
 @kernel
-def commit(ctrl, fctrl, meta, prio, trees, slots, priorities, out_keys, io):
-    """Publishes written slots as items, then evicts with the remover while over max_size."""
+def commit(ctrl, fctrl, meta, prio, trees, slots, priorities, out_keys, io, touched):
+    """Publishes written slots as items, then evicts with the remover while over max_size.
+
+    ``touched`` is int64 scratch ``[2, 2 * len(slots)]``: when only the sampler is
+    Prioritized, its sum-tree is updated once for all added and evicted slots.
+    """
     if _lock(ctrl, fctrl, meta, prio, trees) != 0:
         return BROKEN
     n = slots.shape[0]
+    batch_tree = (ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED
+                  and ctrl[C_REMOVER_KIND] != codes.PRIORITIZED)
     for i in range(n):
-        out_keys[i] = items.add(ctrl, fctrl, meta, prio, trees, slots[i], priorities[i])
+        out_keys[i] = items.add(ctrl, fctrl, meta, prio, trees, slots[i], priorities[i],
+                                not batch_tree)
+        touched[0, i] = slots[i]
     ctrl[C_PENDING] -= n
     ctrl[C_INSERTS] += n
     ctrl[C_TOTAL_INSERTED] += n
     evicted = 0
     while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
         victim = items.select(ctrl, fctrl, meta, trees, 1, io)
-        items.remove(ctrl, meta, prio, trees, victim)
+        items.remove(ctrl, meta, prio, trees, victim, not batch_tree)
+        touched[0, n + evicted] = victim
         evicted += 1
+    if batch_tree:
+        sumtree.set_leaves(trees[0], ctrl[C_TREE_LEAVES], touched[0], n + evicted, prio,
+                           fctrl[F_EXPONENT0], meta[M_STATE], touched[1])
     _bump(ctrl, C_ITEMS_SEQ)
     if evicted:
         _bump(ctrl, C_SPACE_SEQ)
@@ -151,13 +163,13 @@ def commit_one(ctrl, fctrl, meta, prio, trees, slot, priority, io):
     """``commit`` of one slot: returns the new key (> 0), or a negative status."""
     if _lock(ctrl, fctrl, meta, prio, trees) != 0:
         return BROKEN
-    key = items.add(ctrl, fctrl, meta, prio, trees, slot, priority)
+    key = items.add(ctrl, fctrl, meta, prio, trees, slot, priority, True)
     ctrl[C_PENDING] -= 1
     ctrl[C_INSERTS] += 1
     ctrl[C_TOTAL_INSERTED] += 1
     evicted = 0
     while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
-        items.remove(ctrl, meta, prio, trees, items.select(ctrl, fctrl, meta, trees, 1, io))
+        items.remove(ctrl, meta, prio, trees, items.select(ctrl, fctrl, meta, trees, 1, io), True)
         evicted += 1
     _bump(ctrl, C_ITEMS_SEQ)
     if evicted:
@@ -249,7 +261,7 @@ def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, 
             times = _record(ctrl, meta, prio, slot, probability[0], out_i, out_f, count)
             ctrl[C_SAMPLES] += 1
             if max_times > 0 and times >= max_times:
-                items.remove(ctrl, meta, prio, trees, slot)
+                items.remove(ctrl, meta, prio, trees, slot, True)
             count += 1
     ctrl[C_TOTAL_SAMPLED] += count
     io[0] = ctrl[C_SIZE]
@@ -275,7 +287,7 @@ def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positio
         kind = ctrl[C_SAMPLER_KIND + role]
         if kind == codes.PRIORITIZED:
             sumtree.set_leaves(trees[role], leaves, slots, count, prio,
-                               fctrl[F_EXPONENT0 + role], positions)
+                               fctrl[F_EXPONENT0 + role], meta[M_STATE], positions)
         elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
             for j in range(count):
                 items.fix_role(ctrl, fctrl, meta, prio, trees, role, slots[j])
@@ -299,7 +311,7 @@ def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_prio
     for i in range(delete_keys.shape[0]):
         slot = items.lookup(ctrl, meta, delete_keys[i])
         if slot >= 0:
-            items.remove(ctrl, meta, prio, trees, slot)
+            items.remove(ctrl, meta, prio, trees, slot, True)
             deleted += 1
     updated = 0
     slots = scratch[0]

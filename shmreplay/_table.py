@@ -59,6 +59,9 @@ class TableEngine:
         self.name = config.name
         self.region = region
         self.capacity = region.capacity
+        # The largest insert_batch that fits the spare slots and the rate limiter's window.
+        self.max_batch = min(self.capacity - config.max_size,
+                             config.rate_limiter.max_batch_insert())
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
         self.arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)

@@ -127,7 +127,11 @@ class Client:
             fast = engine.fast_batch_leaves(data)
             if fast is not None:
                 leaves, count = fast
-                prios = _check_priorities(table, priority, count)
+                if type(priority) is float and 0.0 <= priority < math.inf:
+                    prios = np.empty(count)
+                    prios.fill(priority)
+                else:
+                    prios = _check_priorities(table, priority, count)
                 _check_batch_fits(engine, count)
                 return {table: engine.insert_many(leaves, prios, count, timeout)}
         return self._insert(data, priorities, timeout, batched=True)
@@ -322,6 +326,8 @@ def _batch_size(leaves, treedef) -> int:
 
 
 def _check_batch_fits(engine: TableEngine, count: int):
+    if count <= engine.max_batch:
+        return
     room = engine.capacity - engine.config.max_size
     if count > room:
         raise ValueError(

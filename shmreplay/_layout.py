@@ -24,10 +24,14 @@ One table region is five arrays (kernels receive them as views, never offsets):
   32 bits): ``C_ITEMS_SEQ`` (bumped when items appear) and ``C_SPACE_SEQ`` (bumped when
   room or sample credit appears).
 * ``fctrl`` float64[F_WORDS]: the ``F_*`` float settings (rate limiter, exponents).
-* ``meta``  int64[META_ROWS, capacity]: one row per ``M_*`` field, indexed by slot:
-  per-slot fields (key, state, ...), plus the dense ``M_LIVE`` array of live slots, the
-  ``M_FREE`` stack of free slots and the two heaps ``M_HEAP0/1``.
-* ``prio``  float64[capacity]: each slot's priority.
+* ``meta``  int64[capacity, META_FIELDS]: one 128-byte record per slot, ``meta[slot, M_*]``
+  (key, state, version, ...). Sampling and priority updates touch a slot's key, state,
+  version, times sampled, update number and priority, so those share the record's first
+  64-byte cache line: on tables larger than the cache, one miss per item instead of one
+  per field. Three columns are indexed by position instead of slot: the dense
+  ``M_LIVE`` array of live slots and the two heaps ``M_HEAP0/1``. Free slots form a
+  linked stack through ``M_NEXT`` (which only live items use otherwise).
+* ``prio``  float64 view of the ``M_PRIO`` column of ``meta``: each slot's priority.
 * ``trees`` float64[2, 2 * P]: a 1-indexed sum-tree per selector role (0 = sampler,
   1 = remover) whose leaves ``P + slot`` hold ``priority ** exponent``.
 
@@ -89,18 +93,18 @@ MUTEX_WORDS = 8
  C_NEXT_ID, C_ORDER_SEQ, C_UPDATE_SEQ, C_HEAD, C_TAIL, C_FREE_TOP, C_FRESH,
  C_HEAP_N0, C_HEAP_N1, C_ITEMS_SEQ, C_SPACE_SEQ, C_ITEMS_WAITERS, C_SPACE_WAITERS,
  C_NUM_UNIQUE, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TOTAL_DELETED, C_RECOVERIES,
- C_SCHEMA_READY, C_RESERVES) = range(MUTEX_WORDS, MUTEX_WORDS + 34)
+ C_SCHEMA_READY, C_RESERVES, C_FREE_HEAD) = range(MUTEX_WORDS, MUTEX_WORDS + 35)
 CTRL_WORDS = 48
 
 (F_SAMPLES_PER_INSERT, F_MIN_DIFF, F_MAX_DIFF, F_EXPONENT0, F_EXPONENT1) = range(5)
 F_WORDS = 8
 
-# meta rows: per-slot fields ...
-(M_KEY, M_STATE, M_VERSION, M_WRITER, M_ORDER, M_TIMES, M_UPDATE, M_LIVE_POS,
- M_PREV, M_NEXT, M_HEAP_POS0, M_HEAP_POS1,
+# meta columns: per-slot fields, the hot ones in the first cache line ...
+(M_KEY, M_STATE, M_VERSION, M_TIMES, M_UPDATE, M_PRIO, M_LIVE_POS, M_WRITER,
+ M_ORDER, M_PREV, M_NEXT, M_HEAP_POS0, M_HEAP_POS1,
  # ... and dense structures indexed by position, not slot.
- M_LIVE, M_FREE, M_HEAP0, M_HEAP1) = range(16)
-META_ROWS = 16
+ M_LIVE, M_HEAP0, M_HEAP1) = range(16)
+META_FIELDS = 16  # 128 bytes: two cache lines per slot
 
 
 def _align(n: int, to: int = ALIGN) -> int:
@@ -144,8 +148,8 @@ def plan_table(offset: int, table) -> TableRegion:
     ctrl = _align(offset)
     fctrl = _align(ctrl + CTRL_WORDS * 8)
     meta = _align(fctrl + F_WORDS * 8)
-    prio = _align(meta + META_ROWS * capacity * 8)
-    trees = _align(prio + capacity * 8)
+    prio = meta + M_PRIO * 8
+    trees = _align(meta + META_FIELDS * capacity * 8)
     end = _align(trees + 2 * max(2 * leaves, 1) * 8)
     return TableRegion(offset, capacity, leaves, ctrl, fctrl, meta, prio, trees, end)
 
@@ -187,8 +191,8 @@ def table_views(buf, region: TableRegion) -> TableViews:
     return TableViews(
         ctrl=np.frombuffer(buf, np.int64, CTRL_WORDS, region.ctrl),
         fctrl=np.frombuffer(buf, np.float64, F_WORDS, region.fctrl),
-        meta=np.frombuffer(buf, np.int64, META_ROWS * cap, region.meta).reshape(META_ROWS, cap),
-        prio=np.frombuffer(buf, np.float64, cap, region.prio),
+        meta=np.frombuffer(buf, np.int64, META_FIELDS * cap, region.meta).reshape(cap, META_FIELDS),
+        prio=np.frombuffer(buf, np.float64, META_FIELDS * cap, region.meta)[M_PRIO::META_FIELDS],
         trees=np.frombuffer(buf, np.float64, 2 * tree_len, region.trees).reshape(2, tree_len),
     )
 

@@ -93,6 +93,7 @@ class TableEngine:
         ctrl[L.C_TREE_LEAVES] = self.region.tree_leaves
         ctrl[L.C_NEXT_ID] = 1
         ctrl[L.C_HEAD] = -1
+        ctrl[L.C_FREE_HEAD] = -1
         ctrl[L.C_TAIL] = -1
         fctrl[L.F_SAMPLES_PER_INSERT] = limiter.samples_per_insert
         fctrl[L.F_MIN_DIFF] = limiter.min_diff

@@ -108,7 +108,7 @@ def test_writer_dying_between_reserve_and_commit_frees_its_slot(buffer_name):
                 dead_slot = W.get(queue, 20, "reserved")
                 writer.join(10)
             assert writer.exitcode == -signal.SIGKILL
-            assert engine.meta[L.M_STATE, dead_slot] == codes.WRITING  # nobody freed it yet
+            assert engine.meta[dead_slot, L.M_STATE] == codes.WRITING  # nobody freed it yet
             assert int(engine.ctrl[L.C_PENDING]) == 1
             assert not engine.can_insert(1)  # the reservation counts against the limiter
             with pytest.raises(errors.DeadlineExceededError):  # a quick insert still blocks

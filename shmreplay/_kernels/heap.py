@@ -17,12 +17,12 @@ def before(meta, prio, a, b, is_min):
     pb = prio[b]
     if pa != pb:
         return pa < pb if is_min else pa > pb
-    return meta[M_UPDATE, a] < meta[M_UPDATE, b]
+    return meta[a, M_UPDATE] < meta[b, M_UPDATE]
 
 
 @kernel
 def _sift_up(meta, prio, heap_row, pos_row, pos, is_min):
-    heap = meta[heap_row]
+    heap = meta[:, heap_row]
     slot = heap[pos]
     while pos > 0:
         parent = (pos - 1) // 2
@@ -30,16 +30,16 @@ def _sift_up(meta, prio, heap_row, pos_row, pos, is_min):
         if not before(meta, prio, slot, other, is_min):
             break
         heap[pos] = other
-        meta[pos_row, other] = pos
+        meta[other, pos_row] = pos
         pos = parent
     heap[pos] = slot
-    meta[pos_row, slot] = pos
+    meta[slot, pos_row] = pos
     return pos
 
 
 @kernel
 def _sift_down(meta, prio, heap_row, pos_row, pos, n, is_min):
-    heap = meta[heap_row]
+    heap = meta[:, heap_row]
     slot = heap[pos]
     while True:
         child = 2 * pos + 1
@@ -50,34 +50,34 @@ def _sift_down(meta, prio, heap_row, pos_row, pos, n, is_min):
         if not before(meta, prio, heap[child], slot, is_min):
             break
         heap[pos] = heap[child]
-        meta[pos_row, heap[child]] = pos
+        meta[heap[child], pos_row] = pos
         pos = child
     heap[pos] = slot
-    meta[pos_row, slot] = pos
+    meta[slot, pos_row] = pos
 
 
 @kernel
 def push(meta, prio, heap_row, pos_row, n, slot, is_min):
     """Adds ``slot`` to a heap of ``n`` entries (the caller stores ``n + 1``)."""
-    meta[heap_row, n] = slot
-    meta[pos_row, slot] = n
+    meta[n, heap_row] = slot
+    meta[slot, pos_row] = n
     _sift_up(meta, prio, heap_row, pos_row, n, is_min)
 
 
 @kernel
 def remove(meta, prio, heap_row, pos_row, n, slot, is_min):
     """Removes ``slot`` from a heap of ``n`` entries (the caller stores ``n - 1``)."""
-    pos = meta[pos_row, slot]
-    last = meta[heap_row, n - 1]
+    pos = meta[slot, pos_row]
+    last = meta[n - 1, heap_row]
     if pos == n - 1:
         return
-    meta[heap_row, pos] = last
-    meta[pos_row, last] = pos
+    meta[pos, heap_row] = last
+    meta[last, pos_row] = pos
     fix(meta, prio, heap_row, pos_row, n - 1, last, is_min)
 
 
 @kernel
 def fix(meta, prio, heap_row, pos_row, n, slot, is_min):
     """Restores heap order after ``slot``'s priority or update number changed."""
-    pos = _sift_up(meta, prio, heap_row, pos_row, meta[pos_row, slot], is_min)
+    pos = _sift_up(meta, prio, heap_row, pos_row, meta[slot, pos_row], is_min)
     _sift_down(meta, prio, heap_row, pos_row, pos, n, is_min)

@@ -17,10 +17,10 @@ import numpy as np
 from shmreplay._kernels import codes, heap, kernel, sumtree
 from shmreplay._kernels.sumtree import weight
 from shmreplay._layout import (
-    C_CAPACITY, C_DELETES, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MIN_SIZE,
+    C_CAPACITY, C_DELETES, C_FREE_HEAD, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MIN_SIZE,
     C_NEXT_ID, C_ORDER_SEQ, C_PENDING, C_SAMPLER_KIND, C_SAMPLES, C_SIZE, C_SLOT_BITS,
     C_TAIL, C_TOTAL_DELETED, C_TREE_LEAVES, C_UPDATE_SEQ, F_EXPONENT0, F_MAX_DIFF,
-    F_MIN_DIFF, F_SAMPLES_PER_INSERT, M_FREE, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
+    F_MIN_DIFF, F_SAMPLES_PER_INSERT, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
     M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE)
 
 
@@ -58,11 +58,16 @@ def free_count(ctrl):
 
 @kernel
 def pop_free(ctrl, meta):
-    """A free slot, or -1. Recently freed slots first (their pages are warm)."""
-    top = ctrl[C_FREE_TOP]
-    if top > 0:
-        ctrl[C_FREE_TOP] = top - 1
-        return meta[M_FREE, top - 1]
+    """A free slot, or -1. Recently freed slots first (their pages are warm).
+
+    Freed slots form a linked stack through ``M_NEXT`` (``C_FREE_HEAD``, ``C_FREE_TOP``
+    counts them); slots never used yet come from the high-water mark ``C_FRESH``.
+    """
+    if ctrl[C_FREE_TOP] > 0:
+        slot = ctrl[C_FREE_HEAD]
+        ctrl[C_FREE_HEAD] = meta[slot, M_NEXT]
+        ctrl[C_FREE_TOP] -= 1
+        return slot
     fresh = ctrl[C_FRESH]
     if fresh < ctrl[C_CAPACITY]:
         ctrl[C_FRESH] = fresh + 1
@@ -72,17 +77,18 @@ def pop_free(ctrl, meta):
 
 @kernel
 def pop_free_block(ctrl, meta, n, out_slots):
-    """Takes ``n`` free slots (the caller checked ``free_count``), keeping their order.
+    """Takes ``n`` free slots (the caller checked ``free_count``).
 
-    The top ``n`` entries of the free stack come out bottom-first: slots that a FIFO
-    remover freed in ascending order are reused in ascending order, so a batch usually
-    lands in one contiguous run of slots (one memcpy per column instead of a scatter).
+    The stack's top ``n`` come out in push order: slots that a FIFO remover freed in
+    ascending order are reused in ascending order, so a batch usually lands in one
+    contiguous run of slots (one memcpy per column instead of a scatter).
     """
-    top = ctrl[C_FREE_TOP]
-    from_stack = min(n, top)
+    from_stack = min(n, ctrl[C_FREE_TOP])
     for i in range(from_stack):
-        out_slots[i] = meta[M_FREE, top - from_stack + i]
-    ctrl[C_FREE_TOP] = top - from_stack
+        slot = ctrl[C_FREE_HEAD]
+        ctrl[C_FREE_HEAD] = meta[slot, M_NEXT]
+        out_slots[from_stack - 1 - i] = slot
+    ctrl[C_FREE_TOP] -= from_stack
     fresh = ctrl[C_FRESH]
     for i in range(from_stack, n):
         out_slots[i] = fresh
@@ -92,9 +98,9 @@ def pop_free_block(ctrl, meta, n, out_slots):
 
 @kernel
 def push_free(ctrl, meta, slot):
-    top = ctrl[C_FREE_TOP]
-    meta[M_FREE, top] = slot
-    ctrl[C_FREE_TOP] = top + 1
+    meta[slot, M_NEXT] = ctrl[C_FREE_HEAD]
+    ctrl[C_FREE_HEAD] = slot
+    ctrl[C_FREE_TOP] += 1
 
 
 @kernel
@@ -141,50 +147,50 @@ def add(ctrl, fctrl, meta, prio, trees, slot, priority, tree0):
     item_id = ctrl[C_NEXT_ID]
     ctrl[C_NEXT_ID] = item_id + 1
     key = (item_id << ctrl[C_SLOT_BITS]) | slot
-    meta[M_KEY, slot] = key
-    meta[M_ORDER, slot] = ctrl[C_ORDER_SEQ]
+    meta[slot, M_KEY] = key
+    meta[slot, M_ORDER] = ctrl[C_ORDER_SEQ]
     ctrl[C_ORDER_SEQ] += 1
-    meta[M_UPDATE, slot] = ctrl[C_UPDATE_SEQ]
+    meta[slot, M_UPDATE] = ctrl[C_UPDATE_SEQ]
     ctrl[C_UPDATE_SEQ] += 1
-    meta[M_TIMES, slot] = 0
+    meta[slot, M_TIMES] = 0
     prio[slot] = priority
     n = ctrl[C_SIZE]
-    meta[M_LIVE, n] = slot
-    meta[M_LIVE_POS, slot] = n
+    meta[n, M_LIVE] = slot
+    meta[slot, M_LIVE_POS] = n
     ctrl[C_SIZE] = n + 1
     tail = ctrl[C_TAIL]
-    meta[M_PREV, slot] = tail
-    meta[M_NEXT, slot] = -1
+    meta[slot, M_PREV] = tail
+    meta[slot, M_NEXT] = -1
     if tail >= 0:
-        meta[M_NEXT, tail] = slot
+        meta[tail, M_NEXT] = slot
     else:
         ctrl[C_HEAD] = slot
     ctrl[C_TAIL] = slot
     if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
         _role_add(ctrl, fctrl, meta, prio, trees, 0, slot)
     _role_add(ctrl, fctrl, meta, prio, trees, 1, slot)
-    meta[M_STATE, slot] = codes.READY
+    meta[slot, M_STATE] = codes.READY
     return key
 
 
 @kernel
 def remove(ctrl, meta, prio, trees, slot, tree0):
     """Deletes a live item (a rate-limiter delete) and frees its slot (``tree0``: as in add)."""
-    meta[M_STATE, slot] = codes.FREE
-    pos = meta[M_LIVE_POS, slot]
+    meta[slot, M_STATE] = codes.FREE
+    pos = meta[slot, M_LIVE_POS]
     last_pos = ctrl[C_SIZE] - 1
-    last = meta[M_LIVE, last_pos]
-    meta[M_LIVE, pos] = last
-    meta[M_LIVE_POS, last] = pos
+    last = meta[last_pos, M_LIVE]
+    meta[pos, M_LIVE] = last
+    meta[last, M_LIVE_POS] = pos
     ctrl[C_SIZE] = last_pos
-    prev = meta[M_PREV, slot]
-    nxt = meta[M_NEXT, slot]
+    prev = meta[slot, M_PREV]
+    nxt = meta[slot, M_NEXT]
     if prev >= 0:
-        meta[M_NEXT, prev] = nxt
+        meta[prev, M_NEXT] = nxt
     else:
         ctrl[C_HEAD] = nxt
     if nxt >= 0:
-        meta[M_PREV, nxt] = prev
+        meta[nxt, M_PREV] = prev
     else:
         ctrl[C_TAIL] = prev
     if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
@@ -203,7 +209,7 @@ def lookup(ctrl, meta, key):
     slot = key & ((1 << ctrl[C_SLOT_BITS]) - 1)
     if slot >= ctrl[C_CAPACITY]:
         return -1
-    if meta[M_STATE, slot] != codes.READY or meta[M_KEY, slot] != key:
+    if meta[slot, M_STATE] != codes.READY or meta[slot, M_KEY] != key:
         return -1
     return slot
 
@@ -221,7 +227,7 @@ def select(ctrl, fctrl, meta, trees, role, prob_out):
         return ctrl[C_TAIL]
     if kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
         prob_out[0] = 1.0
-        return meta[M_HEAP0 + role, 0]
+        return meta[0, M_HEAP0 + role]
     if kind == codes.PRIORITIZED:
         tree = trees[role]
         total = tree[1]
@@ -231,7 +237,7 @@ def select(ctrl, fctrl, meta, trees, role, prob_out):
             prob_out[0] = tree[leaves + slot] / total
             return slot
     prob_out[0] = 1.0 / size
-    return meta[M_LIVE, np.random.randint(0, size)]
+    return meta[np.random.randint(0, size), M_LIVE]
 
 
 @kernel
@@ -239,8 +245,8 @@ def clear(ctrl, meta, prio, trees):
     """Removes every live item without counting deletes (``reset``)."""
     leaves = ctrl[C_TREE_LEAVES]
     for pos in range(ctrl[C_SIZE]):
-        slot = meta[M_LIVE, pos]
-        meta[M_STATE, slot] = codes.FREE
+        slot = meta[pos, M_LIVE]
+        meta[slot, M_STATE] = codes.FREE
         for role in range(2):
             if ctrl[C_SAMPLER_KIND + role] == codes.PRIORITIZED:
                 sumtree.set_leaf(trees[role], leaves, slot, 0.0)
@@ -268,9 +274,9 @@ def _sift(meta, live, pos, n):
         child = 2 * pos + 1
         if child >= n:
             return
-        if child + 1 < n and meta[M_ORDER, live[child + 1]] > meta[M_ORDER, live[child]]:
+        if child + 1 < n and meta[live[child + 1], M_ORDER] > meta[live[child], M_ORDER]:
             child += 1
-        if meta[M_ORDER, live[child]] <= meta[M_ORDER, live[pos]]:
+        if meta[live[child], M_ORDER] <= meta[live[pos], M_ORDER]:
             return
         live[pos], live[child] = live[child], live[pos]
         pos = child
@@ -283,28 +289,27 @@ def rebuild(ctrl, fctrl, meta, prio, trees):
     bits = ctrl[C_SLOT_BITS]
     size = 0
     pending = 0
-    free_top = 0
     max_id = 0
-    for slot in range(fresh):
-        state = meta[M_STATE, slot]
+    ctrl[C_FREE_TOP] = 0
+    ctrl[C_FREE_HEAD] = -1
+    for slot in range(fresh - 1, -1, -1):  # so the lowest free slot ends on top
+        state = meta[slot, M_STATE]
         if state == codes.READY:
-            meta[M_LIVE, size] = slot
-            meta[M_LIVE_POS, slot] = size
+            meta[size, M_LIVE] = slot
+            meta[slot, M_LIVE_POS] = size
             size += 1
-            max_id = max(max_id, meta[M_KEY, slot] >> bits)
+            max_id = max(max_id, meta[slot, M_KEY] >> bits)
         elif state == codes.WRITING:
             pending += 1
         else:
-            meta[M_STATE, slot] = codes.FREE
-            meta[M_FREE, free_top] = slot
-            free_top += 1
+            meta[slot, M_STATE] = codes.FREE
+            push_free(ctrl, meta, slot)
     ctrl[C_SIZE] = size
     ctrl[C_PENDING] = pending
-    ctrl[C_FREE_TOP] = free_top
     ctrl[C_NEXT_ID] = max(ctrl[C_NEXT_ID], max_id + 1)
     # The size test of the rate limiter must agree with the items that exist.
     ctrl[C_DELETES] = ctrl[C_INSERTS] - size
-    live = meta[M_LIVE]
+    live = meta[:, M_LIVE]
     _sort_by_order(meta, live, size)
     ctrl[C_HEAD] = -1
     ctrl[C_TAIL] = -1
@@ -312,17 +317,17 @@ def rebuild(ctrl, fctrl, meta, prio, trees):
     max_update = -1
     for j in range(size):
         slot = live[j]
-        meta[M_LIVE_POS, slot] = j
+        meta[slot, M_LIVE_POS] = j
         tail = ctrl[C_TAIL]
-        meta[M_PREV, slot] = tail
-        meta[M_NEXT, slot] = -1
+        meta[slot, M_PREV] = tail
+        meta[slot, M_NEXT] = -1
         if tail >= 0:
-            meta[M_NEXT, tail] = slot
+            meta[tail, M_NEXT] = slot
         else:
             ctrl[C_HEAD] = slot
         ctrl[C_TAIL] = slot
-        max_order = max(max_order, meta[M_ORDER, slot])
-        max_update = max(max_update, meta[M_UPDATE, slot])
+        max_order = max(max_order, meta[slot, M_ORDER])
+        max_update = max(max_update, meta[slot, M_UPDATE])
     ctrl[C_ORDER_SEQ] = max(ctrl[C_ORDER_SEQ], max_order + 1)
     ctrl[C_UPDATE_SEQ] = max(ctrl[C_UPDATE_SEQ], max_update + 1)
     leaves = ctrl[C_TREE_LEAVES]

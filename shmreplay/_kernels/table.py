@@ -93,9 +93,9 @@ def reserve(ctrl, fctrl, meta, prio, trees, n, pid, was_waiting, register, out_s
     items.pop_free_block(ctrl, meta, n, out_slots)
     for i in range(n):
         slot = out_slots[i]
-        meta[M_VERSION, slot] += 1
-        meta[M_WRITER, slot] = pid
-        meta[M_STATE, slot] = codes.WRITING
+        meta[slot, M_VERSION] += 1
+        meta[slot, M_WRITER] = pid
+        meta[slot, M_STATE] = codes.WRITING
         out_slots[i] = slot
     ctrl[C_PENDING] += n
     _unlock(ctrl)
@@ -129,7 +129,7 @@ def commit(ctrl, fctrl, meta, prio, trees, slots, priorities, out_keys, io, touc
         evicted += 1
     if batch_tree:
         sumtree.set_leaves(trees[0], ctrl[C_TREE_LEAVES], touched[0], n + evicted, prio,
-                           fctrl[F_EXPONENT0], meta[M_STATE], touched[1])
+                           fctrl[F_EXPONENT0], meta[:, M_STATE], touched[1])
     _bump(ctrl, C_ITEMS_SEQ)
     if evicted:
         _bump(ctrl, C_SPACE_SEQ)
@@ -150,9 +150,9 @@ def reserve_one(ctrl, fctrl, meta, prio, trees, pid):
         return codes.BLOCKED
     ctrl[C_RESERVES] += 1
     slot = items.pop_free(ctrl, meta)
-    meta[M_VERSION, slot] += 1
-    meta[M_WRITER, slot] = pid
-    meta[M_STATE, slot] = codes.WRITING
+    meta[slot, M_VERSION] += 1
+    meta[slot, M_WRITER] = pid
+    meta[slot, M_STATE] = codes.WRITING
     ctrl[C_PENDING] += 1
     _unlock(ctrl)
     return slot
@@ -189,8 +189,8 @@ def cancel(ctrl, fctrl, meta, prio, trees, slots, pids):
     freed = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
-        if meta[M_STATE, slot] == codes.WRITING and meta[M_WRITER, slot] == pids[i]:
-            meta[M_STATE, slot] = codes.FREE
+        if meta[slot, M_STATE] == codes.WRITING and meta[slot, M_WRITER] == pids[i]:
+            meta[slot, M_STATE] = codes.FREE
             items.push_free(ctrl, meta, slot)
             ctrl[C_PENDING] -= 1
             freed += 1
@@ -202,15 +202,15 @@ def cancel(ctrl, fctrl, meta, prio, trees, slots, pids):
 
 @kernel
 def _record(ctrl, meta, prio, slot, probability, out_i, out_f, j):
-    times = meta[M_TIMES, slot] + 1
-    meta[M_TIMES, slot] = times
+    times = meta[slot, M_TIMES] + 1
+    meta[slot, M_TIMES] = times
     if times == 1:
         ctrl[C_NUM_UNIQUE] += 1
     out_i[OUT_SLOT, j] = slot
-    out_i[OUT_KEY, j] = meta[M_KEY, slot]
+    out_i[OUT_KEY, j] = meta[slot, M_KEY]
     out_i[OUT_TABLE_SIZE, j] = ctrl[C_SIZE]
     out_i[OUT_TIMES, j] = times
-    out_i[OUT_VERSION, j] = meta[M_VERSION, slot]
+    out_i[OUT_VERSION, j] = meta[slot, M_VERSION]
     out_f[OUT_PROBABILITY, j] = probability
     out_f[OUT_PRIORITY, j] = prio[slot]
     return times
@@ -251,7 +251,7 @@ def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, 
                 _record(ctrl, meta, prio, slot, tree[leaves + slot] / total, out_i, out_f, j)
         else:
             for j in range(count):
-                slot = meta[M_LIVE, np.random.randint(0, size)]
+                slot = meta[np.random.randint(0, size), M_LIVE]
                 _record(ctrl, meta, prio, slot, 1.0 / size, out_i, out_f, j)
         ctrl[C_SAMPLES] += count
     else:
@@ -280,14 +280,14 @@ def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positio
     for j in range(count):
         prio[slots[j]] = values[positions[j]]
     for j in range(count):
-        meta[M_UPDATE, slots[j]] = ctrl[C_UPDATE_SEQ]
+        meta[slots[j], M_UPDATE] = ctrl[C_UPDATE_SEQ]
         ctrl[C_UPDATE_SEQ] += 1
     leaves = ctrl[C_TREE_LEAVES]
     for role in range(2):
         kind = ctrl[C_SAMPLER_KIND + role]
         if kind == codes.PRIORITIZED:
             sumtree.set_leaves(trees[role], leaves, slots, count, prio,
-                               fctrl[F_EXPONENT0 + role], meta[M_STATE], positions)
+                               fctrl[F_EXPONENT0 + role], meta[:, M_STATE], positions)
         elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
             for j in range(count):
                 items.fix_role(ctrl, fctrl, meta, prio, trees, role, slots[j])
@@ -392,9 +392,9 @@ def writing_slots(ctrl, fctrl, meta, prio, trees, out_slots, out_pids):
     count = 0
     capacity = out_slots.shape[0]
     for slot in range(capacity):
-        if meta[M_STATE, slot] == codes.WRITING:
+        if meta[slot, M_STATE] == codes.WRITING:
             out_slots[count] = slot
-            out_pids[count] = meta[M_WRITER, slot]
+            out_pids[count] = meta[slot, M_WRITER]
             count += 1
     _unlock(ctrl)
     return count
@@ -466,7 +466,7 @@ def torn_rows(meta, slots, versions, out_rows):
     """Rows whose slot's version changed since it was drawn (the seqlock re-check)."""
     count = 0
     for i in range(slots.shape[0]):
-        if meta[M_VERSION, slots[i]] != versions[i]:
+        if meta[slots[i], M_VERSION] != versions[i]:
             out_rows[count] = i
             count += 1
     return count

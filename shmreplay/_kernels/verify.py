@@ -29,11 +29,11 @@ def check(ctrl, fctrl, meta, prio, trees):
     ready = 0
     writing = 0
     for slot in range(fresh):
-        state = meta[M_STATE, slot]
+        state = meta[slot, M_STATE]
         if state == codes.READY:
             ready += 1
-            pos = meta[M_LIVE_POS, slot]
-            if pos < 0 or pos >= size or meta[M_LIVE, pos] != slot:
+            pos = meta[slot, M_LIVE_POS]
+            if pos < 0 or pos >= size or meta[pos, M_LIVE] != slot:
                 problems |= LIVE
         elif state == codes.WRITING:
             writing += 1
@@ -47,11 +47,11 @@ def check(ctrl, fctrl, meta, prio, trees):
     last_order = -1
     previous = -1
     while slot >= 0 and count <= size:
-        if meta[M_STATE, slot] != codes.READY or meta[M_ORDER, slot] <= last_order:
+        if meta[slot, M_STATE] != codes.READY or meta[slot, M_ORDER] <= last_order:
             problems |= LIST
-        last_order = meta[M_ORDER, slot]
+        last_order = meta[slot, M_ORDER]
         previous = slot
-        slot = meta[M_NEXT, slot]
+        slot = meta[slot, M_NEXT]
         count += 1
     if count != size or (size > 0 and previous != ctrl[C_TAIL]):
         problems |= LIST
@@ -62,7 +62,7 @@ def check(ctrl, fctrl, meta, prio, trees):
             tree = trees[role]
             for slot in range(fresh):
                 expected = 0.0
-                if meta[M_STATE, slot] == codes.READY:
+                if meta[slot, M_STATE] == codes.READY:
                     expected = weight(prio[slot], fctrl[F_EXPONENT0 + role])
                 if tree[leaves + slot] != expected:
                     problems |= TREE
@@ -76,11 +76,11 @@ def check(ctrl, fctrl, meta, prio, trees):
                 problems |= HEAP
             is_min = kind == codes.MIN_HEAP
             for pos in range(n):
-                slot = meta[M_HEAP0 + role, pos]
-                if meta[M_HEAP_POS0 + role, slot] != pos or meta[M_STATE, slot] != codes.READY:
+                slot = meta[pos, M_HEAP0 + role]
+                if meta[slot, M_HEAP_POS0 + role] != pos or meta[slot, M_STATE] != codes.READY:
                     problems |= HEAP
                 if pos > 0:
-                    parent = meta[M_HEAP0 + role, (pos - 1) // 2]
+                    parent = meta[(pos - 1) // 2, M_HEAP0 + role]
                     if heap.before(meta, prio, slot, parent, is_min):
                         problems |= HEAP
     return problems

@@ -7,7 +7,9 @@ validates user input; this module turns it into kernel calls following the proto
 copy rows without the lock, re-check slot versions.
 """
 
+import math
 import os
+import sys
 import time
 
 import cloudpickle
@@ -62,6 +64,7 @@ class TableEngine:
         # The largest insert_batch that fits the spare slots and the rate limiter's window.
         self.max_batch = min(self.capacity - config.max_size,
                              config.rate_limiter.max_batch_insert())
+        self.max_priority = _max_priority(config, self.capacity)
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
         self.arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
@@ -551,6 +554,23 @@ class TableEngine:
         if self.data_segment is not None:
             self.data_segment.close()
             self.data_segment = None
+
+
+def _max_priority(config, capacity) -> float:
+    """The largest priority whose ``priority ** exponent`` keeps every sum-tree finite.
+
+    Even if all ``capacity`` slots held it, the total stays below 1e300, so sampling
+    never meets an infinite or NaN mass.
+    """
+    largest = sys.float_info.max
+    for selector in (config.sampler, config.remover):
+        exponent = getattr(selector, "priority_exponent", 0.0)
+        if exponent > 0:
+            # In logs: for small exponents the bound is beyond float range (no limit).
+            log_bound = math.log(1e300 / capacity) / exponent
+            if log_bound < math.log(largest):
+                largest = math.exp(log_bound)
+    return largest
 
 
 def _flat_access(treedef):

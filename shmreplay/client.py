@@ -100,9 +100,9 @@ class Client:
             leaves = engine.fast_leaves(data)
             if leaves is not None:
                 if type(priority) is not float:
-                    priority = float(_check_priorities(table, priority, 1)[0])
-                elif not 0.0 <= priority < math.inf:  # also rejects NaN
-                    _check_priorities(table, priority, 1)
+                    priority = float(_check_priorities(engine, priority, 1)[0])
+                elif not 0.0 <= priority <= engine.max_priority:  # also rejects NaN
+                    _check_priorities(engine, priority, 1)
                 return {table: engine.insert_one(leaves, priority, timeout)}
         return self._insert(data, priorities, timeout, batched=False)
 
@@ -127,11 +127,11 @@ class Client:
             fast = engine.fast_batch_leaves(data)
             if fast is not None:
                 leaves, count = fast
-                if type(priority) is float and 0.0 <= priority < math.inf:
+                if type(priority) is float and 0.0 <= priority <= engine.max_priority:
                     prios = np.empty(count)
                     prios.fill(priority)
                 else:
-                    prios = _check_priorities(table, priority, count)
+                    prios = _check_priorities(engine, priority, count)
                 _check_batch_fits(engine, count)
                 return {table: engine.insert_many(leaves, prios, count, timeout)}
         return self._insert(data, priorities, timeout, batched=True)
@@ -146,7 +146,7 @@ class Client:
         plans = []
         for table, priority in priorities.items():
             engine = self._engine(table)
-            prios = _check_priorities(table, priority, count)
+            prios = _check_priorities(engine, priority, count)
             arrays, proposal = _prepare_leaves(engine, leaves, treedef, batched)
             _check_batch_fits(engine, count)
             plans.append([engine, arrays, prios, proposal])
@@ -238,7 +238,7 @@ class Client:
         engine = self._engine(table)
         updates = updates or {}
         keys = np.fromiter(updates.keys(), np.uint64, len(updates))
-        prios = _check_priorities(table, np.fromiter(updates.values(), np.float64, len(updates)),
+        prios = _check_priorities(engine, np.fromiter(updates.values(), np.float64, len(updates)),
                                   len(updates))
         delete_keys = np.asarray(list(deletes or ()), np.uint64).reshape(-1)
         engine.mutate(delete_keys.view(np.int64), keys.view(np.int64), prios)
@@ -259,11 +259,11 @@ class Client:
         if (type(priorities) is np.ndarray and priorities.dtype == np.float64
                 and priorities.shape == keys.shape):
             prios = priorities  # validated by the kernel call below
-            bad = kernels.first_invalid_priority(prios)
+            bad = kernels.first_invalid_priority(prios, engine.max_priority)
             if bad >= 0:
-                _check_priorities(table, prios, keys.size)
+                _check_priorities(engine, prios, keys.size)
         else:
-            prios = _check_priorities(table, priorities, keys.size)
+            prios = _check_priorities(engine, priorities, keys.size)
         return engine.update(keys.view(np.int64), prios)
 
     def reset(self, table: str):
@@ -385,8 +385,9 @@ def _cast_python_scalar(leaf, array, spec, table, path):
         f"Table '{table}', column {path}: expected dtype {spec.dtype}, got {array.dtype}.")
 
 
-def _check_priorities(table, priority, count) -> np.ndarray:
+def _check_priorities(engine, priority, count) -> np.ndarray:
     """Returns ``count`` float64 priorities, or raises InvalidPriorityError."""
+    table = engine.name
     try:
         prios = np.asarray(priority, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -397,8 +398,14 @@ def _check_priorities(table, priority, count) -> np.ndarray:
     elif prios.shape != (count,):
         raise errors.InvalidPriorityError(
             f"Table '{table}': expected {count} priorities, got an array of shape {prios.shape}.")
-    bad = kernels.first_invalid_priority(prios)
+    bad = kernels.first_invalid_priority(prios, engine.max_priority)
     if bad >= 0:
+        value = prios[bad]
+        if value > engine.max_priority and np.isfinite(value):
+            raise errors.InvalidPriorityError(
+                f"Table '{table}': priority {value:g} is too large: at most "
+                f"{engine.max_priority:g}, so that the sum-tree total of "
+                "priority ** exponent stays finite.")
         raise errors.InvalidPriorityError(
-            f"Table '{table}': priorities must be finite and >= 0, got {prios[bad]}.")
+            f"Table '{table}': priorities must be finite and >= 0, got {value}.")
     return prios

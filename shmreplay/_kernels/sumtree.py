@@ -91,13 +91,19 @@ def find(tree, leaves, mass):
 
 @kernel
 def draw_one(tree, leaves):
-    """Draws a slot with probability leaf / total. The total must be > 0."""
+    """Draws a slot with probability leaf / total. The total must be > 0 and finite."""
     total = tree[1]
-    while True:
+    for _ in range(64):
         slot = find(tree, leaves, np.random.random() * total)
         # Rounding can push a mass past the last non-empty leaf: draw again.
         if tree[leaves + slot] > 0.0:
             return slot
+    # Unreachable with finite weights (callers cap priorities so the total stays finite);
+    # never spin while holding the table lock: take the last non-empty leaf.
+    for slot in range(leaves - 1, -1, -1):
+        if tree[leaves + slot] > 0.0:
+            return slot
+    return 0
 
 
 @kernel

@@ -275,22 +275,23 @@ def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, 
 
 @kernel
 def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positions):
-    # Priorities go in first (in call order, so the last of duplicate keys wins), then
-    # every structure is fixed once for the whole set.
+    # In call order, so the last of duplicate keys wins. A heap is repaired after each
+    # change (its sift assumes every other entry is in order); sum-trees are fixed once
+    # for the whole set at the end.
     for j in range(count):
-        prio[slots[j]] = values[positions[j]]
-    for j in range(count):
-        meta[slots[j], M_UPDATE] = ctrl[C_UPDATE_SEQ]
+        slot = slots[j]
+        prio[slot] = values[positions[j]]
+        meta[slot, M_UPDATE] = ctrl[C_UPDATE_SEQ]
         ctrl[C_UPDATE_SEQ] += 1
+        for role in range(2):
+            kind = ctrl[C_SAMPLER_KIND + role]
+            if kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
+                items.fix_role(ctrl, fctrl, meta, prio, trees, role, slot)
     leaves = ctrl[C_TREE_LEAVES]
     for role in range(2):
-        kind = ctrl[C_SAMPLER_KIND + role]
-        if kind == codes.PRIORITIZED:
+        if ctrl[C_SAMPLER_KIND + role] == codes.PRIORITIZED:
             sumtree.set_leaves(trees[role], leaves, slots, count, prio,
                                fctrl[F_EXPONENT0 + role], meta[:, M_STATE], positions)
-        elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
-            for j in range(count):
-                items.fix_role(ctrl, fctrl, meta, prio, trees, role, slots[j])
 
 
 @kernel
@@ -452,11 +453,11 @@ def ascending_run(slots):
 
 
 @kernel
-def first_invalid_priority(priorities):
-    """Index of the first negative, NaN or infinite priority, or -1."""
+def first_invalid_priority(priorities, largest):
+    """Index of the first priority that is negative, NaN or above ``largest``, or -1."""
     for i in range(priorities.shape[0]):
         p = priorities[i]
-        if not (p >= 0.0 and p < np.inf):
+        if not (p >= 0.0 and p <= largest):
             return i
     return -1
 

@@ -68,8 +68,8 @@ def check(ctrl, fctrl, meta, prio, trees):
                     problems |= TREE
             for node in range(1, leaves):
                 total = tree[2 * node] + tree[2 * node + 1]
-                if abs(tree[node] - total) > 1e-9 * max(1.0, abs(total)):
-                    problems |= TREE
+                if not abs(tree[node] - total) <= 1e-9 * max(1.0, abs(total)):
+                    problems |= TREE  # also catches inf and NaN
         elif kind == codes.MIN_HEAP or kind == codes.MAX_HEAP:
             n = ctrl[C_HEAP_N0 + role]
             if n != size:

@@ -42,9 +42,11 @@ from numba import types
 from shmreplay._kernels import kernel
 
 WAIT_SLICE = 0.05  # seconds; a waiter re-checks at least this often
-# Critical sections last microseconds: retry the lock this many times before sleeping in
-# the kernel, because a futex sleep and wake-up costs tens of microseconds.
-LOCK_SPINS = 1000
+# Critical sections last microseconds: retry the lock this many times (about 0.1-0.5 ms)
+# before sleeping in the kernel, because a futex sleep and wake-up costs tens of
+# microseconds. Measured with an actor and a learner on 2 cores: 1,000 spins gave the
+# actor 46k inserts/s, 5,000 gave it 118k/s (the learner ran at ~3.9M items/s both ways).
+LOCK_SPINS = 5000
 EBUSY = errno.EBUSY
 
 EOWNERDEAD = errno.EOWNERDEAD

@@ -12,19 +12,10 @@ import cloudpickle
 
 from shmreplay import _layout as L
 from shmreplay import _segment, errors
+from shmreplay._procs import start_time
 from shmreplay._table import TableEngine
 
 MAX_BUFFER_NAME = 100
-
-
-def _start_time(pid: int) -> int:
-    """The process's start time in clock ticks (guards pid checks against pid reuse)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 class Buffer:
@@ -65,7 +56,7 @@ def create(name: str, configs, mode: int = 0o600) -> Buffer:
         header["header_size"] = L.HEADER_SIZE
         header["total_bytes"] = plan.total_bytes
         header["owner_pid"] = os.getpid()
-        header["owner_start"] = _start_time(os.getpid())
+        header["owner_start"] = start_time(os.getpid())
         header["owner_uid"] = os.getuid()
         header["state"] = L.STATE_CREATING
         header["num_tables"] = len(configs)

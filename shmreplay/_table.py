@@ -17,6 +17,7 @@ import numpy as np
 
 from shmreplay import _layout as L
 from shmreplay import _segment, _sync, errors, specs
+from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
 from shmreplay.replay_sample import (
@@ -381,7 +382,7 @@ class TableEngine:
         slots = np.empty(self.capacity, np.int64)
         pids = np.empty(self.capacity, np.int64)
         count = kernels.writing_slots(*self.arrays, slots, pids)
-        dead = [i for i in range(max(count, 0)) if not _pid_alive(int(pids[i]))]
+        dead = [i for i in range(max(count, 0)) if not pid_alive(int(pids[i]))]
         if not dead:
             return 0
         return kernels.cancel(*self.arrays, slots[dead], pids[dead])
@@ -585,18 +586,6 @@ def _flat_access(treedef):
     if treedef.kind == specs.optree.PyTreeKind.TUPLE:
         return False
     return None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _make_info(config, signature, c) -> TableInfo:

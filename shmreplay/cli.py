@@ -10,6 +10,7 @@ import os
 import sys
 
 from shmreplay import _buffer, _layout, errors
+from shmreplay._procs import pid_alive
 
 SHM_DIR = "/dev/shm"
 
@@ -48,18 +49,8 @@ def _owner(name):
     if header["magic"] != _layout.MAGIC:
         return None, False
     pid, start = int(header["owner_pid"]), int(header["owner_start"])
-    alive = _pid_alive(pid) and (start == 0 or _buffer._start_time(pid) == start)
+    alive = pid_alive(pid, start)
     return pid, alive
-
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _bytes_in_use(name):

@@ -27,11 +27,6 @@ SPAWN = multiprocessing.get_context("spawn")
 ITEM8 = {"x": TensorSpec((8,), np.float64), "v": TensorSpec((), np.int64)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def warm_kernels():
-    """Compiles every kernel in this process first, so timings measure the library."""
-    W.warm_kernels()
-
 
 def _item(v):
     return {"x": np.full(8, float(v)), "v": np.int64(v)}

@@ -31,11 +31,6 @@ SPAWN = multiprocessing.get_context("spawn")
 X8 = {"x": TensorSpec((8,), np.float64)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def warm_kernels():
-    """Compiles every kernel in this process first, so timings measure the library."""
-    W.warm_kernels()
-
 
 def _segments(name):
     return W.shm_objects(name)

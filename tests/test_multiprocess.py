@@ -26,11 +26,6 @@ SPAWN = multiprocessing.get_context("spawn")
 ITEM8 = {"x": TensorSpec((8,), np.float64), "v": TensorSpec((), np.int64)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def warm_kernels():
-    """Compiles every kernel in this process first, so timings measure the library."""
-    W.warm_kernels()
-
 
 def _queue_table(name="q", max_size=100, signature=None):
     return shmreplay.Table.queue(name, max_size, signature=signature)

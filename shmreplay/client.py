@@ -37,7 +37,6 @@ class Client:
     def __init__(self, server_address: str):
         self._name = validate_name(server_address, "Buffer", _buffer.MAX_BUFFER_NAME)
         self._buffer = _buffer.attach(self._name)
-        self._pid = os.getpid()
 
     @property
     def server_address(self) -> str:
@@ -93,7 +92,7 @@ class Client:
           SchemaError: if the data does not match a table's columns.
           DeadlineExceededError: if ``timeout`` expired; nothing was inserted.
         """
-        if len(priorities) == 1 and type(priorities) is dict:
+        if type(priorities) is dict and len(priorities) == 1:
             # The actor's hot path: one table, data already shaped like its columns.
             (table, priority), = priorities.items()
             engine = self._engine(table)
@@ -121,7 +120,7 @@ class Client:
           as ``insert``; also SchemaError if leaves have different leading sizes, and
           ValueError if ``B`` exceeds what the table can take in one call.
         """
-        if len(priorities) == 1 and type(priorities) is dict:
+        if type(priorities) is dict and len(priorities) == 1:
             (table, priority), = priorities.items()
             engine = self._engine(table)
             fast = engine.fast_batch_leaves(data)

@@ -242,9 +242,9 @@ def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, 
         count = items.sample_credit(ctrl, fctrl, batch)
         size = ctrl[C_SIZE]
         tree = trees[0]
-        total = tree[1]
         leaves = ctrl[C_TREE_LEAVES]
-        if kind == codes.PRIORITIZED and total > 0.0:
+        total = tree[1] if kind == codes.PRIORITIZED else 0.0  # no tree otherwise
+        if total > 0.0:
             sumtree.draw_batch(tree, leaves, count, out_i[OUT_SLOT], out_f[OUT_PROBABILITY])
             for j in range(count):
                 slot = out_i[OUT_SLOT, j]

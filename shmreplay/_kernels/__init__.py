@@ -16,5 +16,8 @@ def kernel(function):
     pass scratch arrays), and without it every call between kernels costs two atomic
     operations per array argument, which made per-item bookkeeping about 10x slower.
     ``cache=True`` keeps compiled code on disk, so new processes do not recompile.
+    ``error_model="numpy"``: arithmetic never raises (x / 0 gives inf), because an
+    exception inside a locked kernel would leave the table's mutex held by a live
+    process. (Out-of-bounds indexing is checked only in CI's NUMBA_BOUNDSCHECK leg.)
     """
-    return numba.njit(nogil=True, cache=True, _nrt=False)(function)
+    return numba.njit(nogil=True, cache=True, _nrt=False, error_model="numpy")(function)

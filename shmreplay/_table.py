@@ -28,8 +28,11 @@ _RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writ
 
 _seeded_pid = None
 _UNSET = object()
-_SCRATCH_IO = np.zeros(2, np.int64)
-_NO_KEYS = np.empty(0, np.int64)  # for calls that never wait (its content is unused)
+_SCRATCH_IO = np.zeros(2, np.int64)  # for calls that never wait (its content is unused)
+_NO_KEYS = np.empty(0, np.int64)
+# The remover writes the evicted item's probability here; nobody reads it, so threads
+# may share it.
+_SCRATCH_PROB = np.empty(2, np.float64)
 
 
 def _seed_rng():
@@ -324,7 +327,7 @@ class TableEngine:
         except BaseException:
             self.cancel(np.array([slot]))
             raise
-        key = kernels.commit_one(*self.arrays, slot, priority, np.empty(2))
+        key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB)
         if key < 0:
             self._raise_status(key)
         return key
@@ -368,7 +371,7 @@ class TableEngine:
 
     def commit(self, slots, priorities):
         keys = np.empty(len(slots), np.int64)
-        status = kernels.commit(*self.arrays, slots, priorities, keys, np.empty(2),
+        status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
                                 np.empty((2, 2 * len(slots)), np.int64))
         if status < 0:
             self._raise_status(status)

@@ -49,7 +49,7 @@ from shmreplay._kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -93,8 +93,18 @@ MUTEX_WORDS = 8
  C_NEXT_ID, C_ORDER_SEQ, C_UPDATE_SEQ, C_HEAD, C_TAIL, C_FREE_TOP, C_FRESH,
  C_HEAP_N0, C_HEAP_N1, C_ITEMS_SEQ, C_SPACE_SEQ, C_ITEMS_WAITERS, C_SPACE_WAITERS,
  C_NUM_UNIQUE, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TOTAL_DELETED, C_RECOVERIES,
- C_SCHEMA_READY, C_RESERVES, C_FREE_HEAD) = range(MUTEX_WORDS, MUTEX_WORDS + 35)
-CTRL_WORDS = 48
+ C_SCHEMA_READY, C_RESERVES, C_FREE_HEAD,
+ # Step storage (sequence items); all zero for tables that store whole items.
+ C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH, C_ROWS_LIVE,
+ C_ROWS_DIRTY) = range(MUTEX_WORDS, MUTEX_WORDS + 42)
+CTRL_WORDS = 64
+
+# Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
+# references to it (> 0); a free row holds ``-2 - next`` (the free stack's link). The
+# generation changes whenever the row is handed out again, so a writer's remembered
+# ``(row, generation)`` can never name someone else's step.
+R_COUNT, R_GEN = range(2)
+ROW_FIELDS = 2
 
 (F_SAMPLES_PER_INSERT, F_MIN_DIFF, F_MAX_DIFF, F_EXPONENT0, F_EXPONENT1) = range(5)
 F_WORDS = 8
@@ -205,27 +215,65 @@ def header_view(buf) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class DataPlan:
     schema_offset: int
-    columns: List[int]     # byte offset of each column
+    row_capacity: int      # rows of each store (slots when items are stored whole)
+    rows: int              # byte offset of the int32 [row_capacity, ROW_FIELDS] row records
+    refs: int              # byte offset of the int32 [capacity, width] item references
+    width: int             # references per item (0 when items are stored whole)
+    stores: List[int]      # byte offset of each store
     total_bytes: int
 
 
-def plan_data(column_specs, capacity: int, schema_len: int) -> DataPlan:
-    """The byte map of a table's data segment."""
+def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
+    """The byte map of a table's data segment.
+
+    ``storage`` (a ``shmreplay._storage.Storage``) says what the stores hold. Whole
+    items: one store per column, ``[capacity, *shape]``, indexed by slot. Steps: a row
+    space shared by every store (row ``r`` of each store holds one step of one writer),
+    a reference count per row, and per slot the rows its item references::
+
+        rows    int32 [row_capacity, ROW_FIELDS]
+        refs    int32 [capacity, width]
+        store i [row_capacity, *cell_shape]
+    """
     offset = _align(DATA_HEADER_SIZE + schema_len, 4096)
-    columns = []
-    for spec in column_specs:
-        columns.append(offset)
+    width = storage.width
+    row_capacity = capacity * storage.steps_per_item if storage.steps else capacity
+    rows = refs = offset
+    if storage.steps:
+        refs = _align(rows + row_capacity * ROW_FIELDS * 4)
+        offset = _align(refs + capacity * width * 4)
+    stores = []
+    for spec in storage.store_specs:
+        stores.append(offset)
         row = int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
-        offset = _align(offset + capacity * row)
-    return DataPlan(DATA_HEADER_SIZE, columns, _align(max(offset, 4096), 4096))
+        offset = _align(offset + row_capacity * row)
+    return DataPlan(DATA_HEADER_SIZE, row_capacity, rows, refs, width, stores,
+                    _align(max(offset, 4096), 4096))
 
 
-def column_views(buf, plan: DataPlan, column_specs, capacity: int) -> List[np.ndarray]:
+def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
     views = []
-    for offset, spec in zip(plan.columns, column_specs):
-        count = capacity * int(np.prod(spec.shape, dtype=np.int64))
-        views.append(np.frombuffer(buf, spec.dtype, count, offset).reshape((capacity,) + spec.shape))
+    for offset, spec in zip(plan.stores, store_specs):
+        count = plan.row_capacity * int(np.prod(spec.shape, dtype=np.int64))
+        views.append(np.frombuffer(buf, spec.dtype, count, offset)
+                     .reshape((plan.row_capacity,) + spec.shape))
     return views
+
+
+def step_views(buf, plan: DataPlan, capacity: int):
+    """``(refs, rows)``: the arrays the kernels keep step references in."""
+    if plan.width == 0:
+        return no_step_views()
+    refs = np.frombuffer(buf, np.int32, capacity * plan.width, plan.refs).reshape(
+        capacity, plan.width)
+    rows = np.frombuffer(buf, np.int32, plan.row_capacity * ROW_FIELDS, plan.rows).reshape(
+        plan.row_capacity, ROW_FIELDS)
+    return refs, rows
+
+
+def no_step_views():
+    """Placeholders for tables (or processes) without step storage: width 0."""
+    return np.zeros((0, 0), np.int32), np.zeros((0, ROW_FIELDS), np.int32)
 
 
 def data_header_view(buf) -> np.ndarray:

@@ -16,7 +16,7 @@ import cloudpickle
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _segment, _sync, errors, specs
+from shmreplay import _segment, _storage, _sync, errors, specs
 from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
@@ -71,10 +71,14 @@ class TableEngine:
         self.max_priority = _max_priority(config, self.capacity)
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
-        self.arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
+        self._table_arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
+        # Kernels take the step arrays too; placeholders until the data segment is mapped.
+        self.refs, self.rows = L.no_step_views()
+        self.arrays = self._table_arrays + (self.refs, self.rows)
         self.meta = views.meta
         self.data_segment = None
-        self.columns = None
+        self.storage = None      # what the data segment holds (``shmreplay._storage``)
+        self.columns = None      # the stores: per column (whole items) or per writer field
         self.column_specs = None
         self.treedef = None
         self.paths = None
@@ -108,14 +112,12 @@ class TableEngine:
         for role, selector in enumerate((config.sampler, config.remover)):
             fctrl[L.F_EXPONENT0 + role] = getattr(selector, "priority_exponent", 1.0)
         _sync.init_robust_mutex(ctrl)
-        if config.signature is not None:
-            self._create_data_segment(config.signature, config.column_specs)
 
     # --- columns (the data segment) -----------------------------------------------------
 
-    def _create_data_segment(self, signature, column_specs):
-        blob = cloudpickle.dumps(signature)
-        plan = L.plan_data(column_specs, self.capacity, len(blob))
+    def _create_data_segment(self, storage):
+        blob = cloudpickle.dumps(storage)
+        plan = L.plan_data(storage, self.capacity, len(blob))
         name = L.data_segment_name(self.buffer_name, self.index)
         segment = _segment.Segment.create(name, plan.total_bytes)
         header = L.data_header_view(segment.buf)
@@ -125,7 +127,10 @@ class TableEngine:
         header["total_bytes"] = plan.total_bytes
         segment.buf[plan.schema_offset:plan.schema_offset + len(blob)] = blob
         header["complete"] = 1
-        self._map_columns(segment, signature, column_specs, plan)
+        self._map_columns(segment, storage, plan)
+        if storage.steps:
+            self.ctrl[L.C_ROW_CAPACITY] = plan.row_capacity
+            self.ctrl[L.C_REFS_WIDTH] = plan.width
         self.ctrl[L.C_SCHEMA_READY] = 1
 
     def _attach_data_segment(self):
@@ -145,24 +150,25 @@ class TableEngine:
             segment.close()
             raise errors.LayoutMismatchError(
                 f"Table '{self.name}': data segment {name} has an impossible schema length {length}.")
-        signature = cloudpickle.loads(segment.buf[L.DATA_HEADER_SIZE:L.DATA_HEADER_SIZE + length])
-        _, _, column_specs = specs.normalize_signature(signature, self.name)
-        plan = L.plan_data(column_specs, self.capacity, length)
+        storage = cloudpickle.loads(segment.buf[L.DATA_HEADER_SIZE:L.DATA_HEADER_SIZE + length])
+        plan = L.plan_data(storage, self.capacity, length)
         if plan.total_bytes != segment.size:
             segment.close()
             raise errors.LayoutMismatchError(
                 f"Table '{self.name}': data segment {name} has {segment.size} bytes, "
                 f"its schema needs {plan.total_bytes}.")
-        self._map_columns(segment, signature, column_specs, plan)
+        self._map_columns(segment, storage, plan)
         return True
 
-    def _map_columns(self, segment, signature, column_specs, plan):
+    def _map_columns(self, segment, storage, plan):
         self.data_segment = segment
-        self.signature = signature
-        self.column_specs = column_specs
-        _, self.treedef = specs.flatten(signature)
+        self.storage = storage
+        self.signature = storage.signature
+        self.column_specs, self.treedef = specs.flatten(storage.signature)
         self.paths = specs.path_strings(self.treedef)
-        self.columns = L.column_views(segment.buf, plan, column_specs, self.capacity)
+        self.refs, self.rows = L.step_views(segment.buf, plan, self.capacity)
+        self.arrays = self._table_arrays + (self.refs, self.rows)
+        self.columns = L.store_views(segment.buf, plan, storage.store_specs)
 
     def fast_leaves(self, data):
         """The leaves of ``data`` if they match the columns exactly, else None.
@@ -172,7 +178,7 @@ class TableEngine:
         which converts, validates and explains mismatches.
         """
         leaves = self._flat_leaves(data)
-        if leaves is None:
+        if leaves is None or self.storage.steps:
             return None
         for leaf, spec in zip(leaves, self.column_specs):
             kind = type(leaf)
@@ -196,7 +202,7 @@ class TableEngine:
     def fast_batch_leaves(self, data):
         """``(leaves, B)`` if ``data`` is a flat batch of arrays matching the columns, else None."""
         leaves = self._flat_leaves(data)
-        if leaves is None:
+        if leaves is None or self.storage.steps:
             return None
         count = -1
         for leaf, spec in zip(leaves, self.column_specs):
@@ -226,41 +232,56 @@ class TableEngine:
                 return [data[key] for key in keys]
             except (KeyError, TypeError):
                 return None
-        if type(data) is tuple and keys is False and len(data) == len(self.columns):
+        if type(data) is tuple and keys is False and len(data) == len(self.column_specs):
             return list(data)
         return None
 
     def has_columns(self) -> bool:
-        """Maps the columns if some process has defined them; False if none has yet."""
+        """Maps the storage if some process has defined it; False if none has yet."""
         if self.columns is not None:
             return True
         if self.ctrl[L.C_SCHEMA_READY] == 0:
             return False
         return self._attach_data_segment()
 
-    def propose_columns(self, treedef, leaves, batched: bool):
-        """The ``(treedef, column_specs)`` that the first item would define (no side effects).
+    def stores_steps(self) -> bool:
+        """Whether items reference shared step rows (a writer defined the storage)."""
+        return self.has_columns() and self.storage.steps
+
+    def known_layout(self):
+        """``(treedef, column_specs, paths)`` of the items, from the storage or else the
+        table's signature; None when neither exists yet."""
+        if self.has_columns():
+            return self.treedef, self.column_specs, self.paths
+        if self.config.signature is None:
+            return None
+        column_specs, treedef = specs.flatten(self.config.signature)
+        return treedef, column_specs, specs.path_strings(treedef)
+
+    def propose_whole_items(self, treedef, leaves, batched: bool):
+        """The storage the first inserted item would define (no side effects).
 
         Raises:
           SchemaError: if a leaf's dtype cannot be stored.
         """
+        if self.config.signature is not None:
+            return _storage.whole_items(self.config.signature)
         paths = specs.path_strings(treedef)
         column_specs = []
         for path, leaf in zip(paths, leaves):
             specs.check_storable_dtype(leaf.dtype, f"Table '{self.name}', column {path}")
             shape = leaf.shape[1:] if batched else leaf.shape
             column_specs.append(specs.TensorSpec(shape, leaf.dtype))
-        return treedef, column_specs
+        return _storage.whole_items(specs.optree.tree_unflatten(treedef, column_specs))
 
-    def define_columns(self, treedef, column_specs):
-        """Fixes the columns (tables without a signature); a no-op if another process did."""
-        signature = specs.optree.tree_unflatten(treedef, column_specs)
+    def define_storage(self, storage):
+        """Fixes what the table stores (its first item does); a no-op if another process did."""
         deadline = time.monotonic() + 2.0
         while not self.has_columns():
             if self.ctrl[L.C_CLOSED]:
                 self._raise_status(codes.CLOSED)
             try:
-                self._create_data_segment(signature, column_specs)
+                self._create_data_segment(storage)
             except FileExistsError:
                 # Another process is creating it right now; if it died half-way, take over.
                 if time.monotonic() > deadline:
@@ -278,11 +299,24 @@ class TableEngine:
     # --- blocking calls ---------------------------------------------------------------
 
     def _raise_status(self, status):
+        if status == codes.NO_ROWS:
+            raise errors.SchemaError(
+                f"Table '{self.name}': an item references more distinct steps than its step "
+                f"storage can hold ({self.ctrl[L.C_ROW_CAPACITY]} rows, sized for "
+                f"{self.storage.steps_per_item} steps per item).")
         if status == codes.CLOSED:
             raise errors.BufferBrokenError(
                 f"Buffer '{self.buffer_name}' was stopped by its owner (table '{self.name}').")
         raise errors.BufferBrokenError(
             f"Table '{self.name}' of buffer '{self.buffer_name}' is corrupt (status {status}).")
+
+    def _call(self, kernel, *args):
+        """Calls a locked kernel; maps the step storage first if the kernel asks for it."""
+        status = kernel(*self.arrays, *args)
+        if status == codes.UNMAPPED:
+            self.has_columns()
+            status = kernel(*self.arrays, *args)
+        return status
 
     def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None):
         """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between."""
@@ -297,6 +331,9 @@ class TableEngine:
             status = call(*self.arrays, *make_args(was_waiting, register), io)
             if status >= 0:
                 return status
+            if status == codes.UNMAPPED:
+                self.has_columns()
+                continue
             if status != codes.BLOCKED:
                 self._raise_status(status)
             was_waiting = register
@@ -369,6 +406,78 @@ class TableEngine:
             for column, leaf in zip(self.columns, leaves):
                 column[slot] = leaf
 
+    def reserve_item(self, known_rows, known_gens, ref_steps, timeout):
+        """Reserves a slot and step rows for one item of step storage (blocking).
+
+        See ``kernels.reserve_item``. Returns ``(slot, rows, fresh)``: the row of each
+        distinct step, and whether it is new (to be written by the caller).
+        """
+        distinct = known_rows.shape[0]
+        rows = np.empty(distinct, np.int64)
+        fresh = np.empty(distinct, np.int64)
+        pid = os.getpid()
+        slot = self._blocking(
+            kernels.reserve_item, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
+            lambda was_waiting, register: (known_rows, known_gens, ref_steps, pid, was_waiting,
+                                           register, rows, fresh))
+        return slot, rows, fresh
+
+    def reserve_items(self, count: int, timeout):
+        """Reserves ``count`` items for data given whole (``insert``): ``(slots, rows)``.
+
+        ``rows`` is None for whole-item storage; for step storage, each item gets new
+        rows (``split_rows`` says which reference uses which).
+        """
+        if not self.storage.steps:
+            return self.reserve(count, timeout), None
+        ref_steps, distinct = self._split_plan()
+        known = np.full(distinct, -1, np.int64)
+        gens = np.zeros(distinct, np.int64)
+        slots = np.empty(count, np.int64)
+        rows = np.empty((count, distinct), np.int64)
+        done = 0
+        try:
+            for i in range(count):
+                slots[i], rows[i], _ = self.reserve_item(known, gens, ref_steps, timeout)
+                done += 1
+        except BaseException:
+            self.cancel(slots[:done])
+            raise
+        return slots, rows
+
+    def _split_plan(self):
+        """How whole item data maps onto new rows: ``(ref_steps, distinct)``.
+
+        Columns stored in different stores share rows (row ``j`` holds each column's
+        ``j``-th step); columns sharing a store get rows of their own.
+        """
+        plan = getattr(self, "_split", None)
+        if plan is None:
+            used = {}
+            ref_steps = []
+            for column in self.storage.columns:
+                base = used.get(column.store, 0)
+                ref_steps.extend(range(base, base + column.length))
+                used[column.store] = base + column.length
+            plan = self._split = (np.array(ref_steps, np.int64), max(used.values()))
+        return plan
+
+    def write_items(self, slots, rows, arrays, batched: bool):
+        """Copies whole items' columns into their reserved slots or rows, without the lock."""
+        if rows is None:
+            self.write(slots, arrays, batched)
+            return
+        ref_steps, _ = self._split_plan()
+        for column, array in zip(self.storage.columns, arrays):
+            store = self.columns[column.store]
+            steps = ref_steps[column.offset:column.offset + column.length]
+            for i in range(len(slots)):
+                value = array[i] if batched else array
+                if column.squeeze:
+                    store[rows[i, steps[0]]] = value
+                else:
+                    store[rows[i, steps]] = value
+
     def commit(self, slots, priorities):
         keys = np.empty(len(slots), np.int64)
         status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
@@ -378,7 +487,7 @@ class TableEngine:
         return keys.view(np.uint64)
 
     def cancel(self, slots):
-        kernels.cancel(*self.arrays, slots, np.full(len(slots), os.getpid(), np.int64))
+        self._call(kernels.cancel, slots, np.full(len(slots), os.getpid(), np.int64))
 
     def reclaim_dead_writers(self) -> int:
         """Frees slots reserved by writers that died before committing them."""
@@ -388,7 +497,7 @@ class TableEngine:
         dead = [i for i in range(max(count, 0)) if not pid_alive(int(pids[i]))]
         if not dead:
             return 0
-        return kernels.cancel(*self.arrays, slots[dead], pids[dead])
+        return self._call(kernels.cancel, slots[dead], pids[dead])
 
     # --- sampling ---------------------------------------------------------------------
 
@@ -407,23 +516,26 @@ class TableEngine:
             self.has_columns()
         out_i = np.empty((kernels.OUT_INT_ROWS, batch_size), np.int64)
         out_f = np.empty((kernels.OUT_FLOAT_ROWS, batch_size), np.float64)
+        out_gens = np.empty((batch_size, self.refs.shape[1]), np.int32)
         io = np.empty(2, np.int64)
-        count = kernels.sample(*self.arrays, batch_size, 0, 0, out_i, out_f, io)
+        count = kernels.sample(*self.arrays, batch_size, 0, 0, out_i, out_f, out_gens, io)
         if count < 0:
-            count = self._draw_blocking(batch_size, out_i, out_f, io, deadline, count)
+            count = self._draw_blocking(batch_size, out_i, out_f, out_gens, io, deadline, count)
         reserves = io.item(1)
         if count < batch_size and io.item(0) > 0:
             # The rate limiter stopped the batch early: wait for credit, fill the rest.
-            count = self._fill(out_i, out_f, count, deadline)
+            count = self._fill(out_i, out_f, out_gens, count, deadline)
         if count < batch_size:
             out_i = out_i[:, :count]
             out_f = out_f[:, :count]
+            out_gens = out_gens[:count]
         slots = out_i[kernels.OUT_SLOT]
-        data = [column.take(slots, axis=0) for column in self.columns]
-        if self.ctrl.item(L.C_RESERVES) != reserves:  # a slot was reused meanwhile: check ours
+        data = self._gather(slots)
+        if self.ctrl.item(L.C_RESERVES) != reserves:  # slots or rows were reused: check ours
             torn = np.empty(count, np.int64)
-            if kernels.torn_rows(self.meta, slots, out_i[kernels.OUT_VERSION], torn):
-                self._redraw_torn_rows(out_i, out_f, data, torn)
+            if kernels.torn_rows(self.meta, self.refs, self.rows, slots,
+                                 out_i[kernels.OUT_VERSION], out_gens, torn):
+                self._redraw_torn_rows(out_i, out_f, out_gens, data, torn)
         info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
                           out_i[kernels.OUT_TABLE_SIZE], out_f[kernels.OUT_PRIORITY],
                           out_i[kernels.OUT_TIMES].astype(np.int32))
@@ -432,15 +544,31 @@ class TableEngine:
             return ReplaySample(info, dict(zip(keys, data)))
         return ReplaySample(info, self._unflatten(data))
 
-    def _draw_blocking(self, batch_size, out_i, out_f, io, deadline, status):
-        if status != codes.BLOCKED:
+    def _gather(self, slots):
+        """Copies the items in ``slots`` out of shared memory, one array per column."""
+        storage = self.storage
+        if not storage.steps:
+            return [column.take(slots, axis=0) for column in self.columns]
+        refs = self.refs.take(slots, axis=0)
+        data = []
+        for column in storage.columns:
+            if column.squeeze:
+                rows = refs[:, column.offset]
+            else:
+                rows = refs[:, column.offset:column.offset + column.length]
+            data.append(self.columns[column.store].take(rows, axis=0))
+        return data
+
+    def _draw_blocking(self, batch_size, out_i, out_f, out_gens, io, deadline, status):
+        if status != codes.BLOCKED and status != codes.UNMAPPED:
             self._raise_status(status)
         timeout = None if deadline is None else deadline - time.monotonic()
         return self._blocking(
             kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout, False,
-            lambda was_waiting, register: (batch_size, was_waiting, register, out_i, out_f), io)
+            lambda was_waiting, register: (batch_size, was_waiting, register, out_i, out_f,
+                                           out_gens), io)
 
-    def _fill(self, out_i, out_f, count, deadline):
+    def _fill(self, out_i, out_f, out_gens, count, deadline):
         """Draws the rest of a batch as the rate limiter allows; partial on timeout."""
         batch_size = out_i.shape[1]
         io = np.empty(2, np.int64)
@@ -448,12 +576,15 @@ class TableEngine:
             rest = batch_size - count
             more_i = np.empty((kernels.OUT_INT_ROWS, rest), np.int64)
             more_f = np.empty((kernels.OUT_FLOAT_ROWS, rest), np.float64)
+            more_gens = np.empty((rest, out_gens.shape[1]), np.int32)
             try:
-                got = self._draw_blocking(rest, more_i, more_f, io, deadline, codes.BLOCKED)
+                got = self._draw_blocking(rest, more_i, more_f, more_gens, io, deadline,
+                                          codes.BLOCKED)
             except errors.DeadlineExceededError:
                 return count
             out_i[:, count:count + got] = more_i[:, :got]
             out_f[:, count:count + got] = more_f[:, :got]
+            out_gens[count:count + got] = more_gens[:got]
             count += got
             if io[0] == 0:  # the table ran out of items
                 return count
@@ -465,31 +596,33 @@ class TableEngine:
             return dict(zip(keys, leaves))
         return specs.optree.tree_unflatten(self.treedef, leaves)
 
-    def _redraw_torn_rows(self, out_i, out_f, data, torn):
-        """Seqlock repair: redraw rows whose slot was rewritten while we copied it."""
+    def _redraw_torn_rows(self, out_i, out_f, out_gens, data, torn):
+        """Seqlock repair: redraw rows whose data was overwritten while we copied it."""
         while True:
-            count = kernels.torn_rows(self.meta, out_i[kernels.OUT_SLOT],
-                                      out_i[kernels.OUT_VERSION], torn)
+            count = kernels.torn_rows(self.meta, self.refs, self.rows, out_i[kernels.OUT_SLOT],
+                                      out_i[kernels.OUT_VERSION], out_gens, torn)
             if count == 0:
                 return
             for row in torn[:count]:
                 new_i = np.empty((kernels.OUT_INT_ROWS, 1), np.int64)
                 new_f = np.empty((kernels.OUT_FLOAT_ROWS, 1), np.float64)
+                new_gens = np.empty((1, out_gens.shape[1]), np.int32)
                 self._blocking(kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, None, False,
                                lambda was_waiting, register: (1, was_waiting, register,
-                                                              new_i, new_f))
+                                                              new_i, new_f, new_gens))
                 out_i[:, row] = new_i[:, 0]
                 out_f[:, row] = new_f[:, 0]
-                for column, values in zip(self.columns, data):
-                    values[row] = column[new_i[kernels.OUT_SLOT, 0]]
+                out_gens[row] = new_gens[0]
+                for values, value in zip(data, self._gather(new_i[kernels.OUT_SLOT])):
+                    values[row] = value[0]
 
     # --- the rest -----------------------------------------------------------------------
 
     def mutate(self, delete_keys, update_keys, update_priorities):
         io = np.zeros(1, np.int64)
         scratch = np.empty((2, len(update_keys)), np.int64)
-        status = kernels.mutate(*self.arrays, delete_keys, update_keys, update_priorities, io,
-                                scratch)
+        status = self._call(kernels.mutate, delete_keys, update_keys, update_priorities, io,
+                            scratch)
         if status < 0:
             self._raise_status(status)
         return status, int(io[0])
@@ -497,14 +630,14 @@ class TableEngine:
     def update(self, keys, priorities) -> int:
         """Sets priorities by key (the learner's path); returns how many keys were live."""
         io = np.empty(1, np.int64)
-        status = kernels.mutate(*self.arrays, _NO_KEYS, keys, priorities, io,
-                                np.empty((2, len(keys)), np.int64))
+        status = self._call(kernels.mutate, _NO_KEYS, keys, priorities, io,
+                            np.empty((2, len(keys)), np.int64))
         if status < 0:
             self._raise_status(status)
         return int(io[0])
 
     def reset(self):
-        status = kernels.reset(*self.arrays)
+        status = self._call(kernels.reset)
         if status < 0:
             self._raise_status(status)
 
@@ -516,7 +649,7 @@ class TableEngine:
         """Frees slots of dead writers, then names the invariants the table violates."""
         from shmreplay._kernels import verify as checks
         self.reclaim_dead_writers()
-        status = kernels.verify(*self.arrays)
+        status = self._call(kernels.verify)
         if status < 0:
             self._raise_status(status)
         names = {checks.SIZE: "size counter != live items",
@@ -524,7 +657,8 @@ class TableEngine:
                  checks.LIST: "insertion-order list inconsistent",
                  checks.TREE: "sum-tree does not match the priorities",
                  checks.HEAP: "heap order or positions broken",
-                 checks.COUNTERS: "rate-limiter or pending counters inconsistent"}
+                 checks.COUNTERS: "rate-limiter or pending counters inconsistent",
+                 checks.ROWS: "step rows' reference counts or free list inconsistent"}
         return [text for bit, text in names.items() if status & bit]
 
     def can_insert(self, n: int) -> bool:

@@ -151,21 +151,21 @@ class Client:
             plans.append([engine, arrays, prios, proposal])
         for plan in plans:
             engine, _, _, proposal = plan
-            if proposal is not None:  # the first item of an unsigned table fixes its columns
-                engine.define_columns(*proposal)
+            if proposal is not None:  # a table's first item fixes its storage
+                engine.define_storage(proposal)
                 plan[1], _ = _prepare_leaves(engine, leaves, treedef, batched)
         reserved = []
         try:
             for engine, _, _, _ in plans:
-                reserved.append(engine.reserve(count, timeout))
-            for (engine, arrays, _, _), slots in zip(plans, reserved):
-                engine.write(slots, arrays, batched)
+                reserved.append(engine.reserve_items(count, timeout))
+            for (engine, arrays, _, _), (slots, rows) in zip(plans, reserved):
+                engine.write_items(slots, rows, arrays, batched)
         except BaseException:
-            for (engine, _, _, _), slots in zip(plans, reserved):
+            for (engine, _, _, _), (slots, _) in zip(plans, reserved):
                 engine.cancel(slots)
             raise
         keys = {}
-        for (engine, _, prios, _), slots in zip(plans, reserved):
+        for (engine, _, prios, _), (slots, _) in zip(plans, reserved):
             committed = engine.commit(slots, prios)
             keys[engine.name] = committed if batched else int(committed[0])
         return keys
@@ -342,18 +342,19 @@ def _check_batch_fits(engine: TableEngine, count: int):
 def _prepare_leaves(engine: TableEngine, leaves, treedef, batched: bool):
     """Validates leaves against the table's columns, without side effects.
 
-    Returns ``(arrays, proposal)``: ``proposal`` is None, or, for a table whose columns
-    are not defined yet, the ``(treedef, column_specs)`` this item would define.
+    Returns ``(arrays, proposal)``: ``proposal`` is None, or, for a table whose storage
+    is not defined yet, the storage this item would define.
     """
     table = engine.name
     proposal = None
-    if engine.has_columns():
-        expected_treedef, column_specs, paths = engine.treedef, engine.column_specs, engine.paths
+    layout = engine.known_layout()
+    if layout is not None:
+        expected_treedef, column_specs, paths = layout
     else:
         paths = specs.path_strings(treedef)
         arrays = [_to_array(leaf, table, path) for leaf, path in zip(leaves, paths)]
-        proposal = engine.propose_columns(treedef, arrays, batched)
-        expected_treedef, column_specs = proposal
+        proposal = engine.propose_whole_items(treedef, arrays, batched)
+        column_specs, expected_treedef = specs.flatten(proposal.signature)
     if treedef != expected_treedef:
         raise errors.SchemaError(
             f"Table '{table}': the data's structure {treedef} does not match the table's "
@@ -369,6 +370,8 @@ def _prepare_leaves(engine: TableEngine, leaves, treedef, batched: bool):
         if array.dtype != spec.dtype:
             array = _cast_python_scalar(leaf, array, spec, table, path)
         arrays.append(array)
+    if proposal is None and not engine.has_columns():
+        proposal = engine.propose_whole_items(treedef, arrays, batched)
     return arrays, proposal
 
 

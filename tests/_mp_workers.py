@@ -367,8 +367,8 @@ _KEEP = []  # keeps a Server reachable until interpreter exit
 
 
 def make_server(name):
-    """A Server with a signed table (data segment at once) and an unsigned one (data
-    segment on first insert); inserts one item into each so every segment exists."""
+    """A Server with a signed table and an unsigned one; inserts one item into each, so
+    every segment exists (a table's data segment is made by its first item)."""
     import shmreplay
     from shmreplay import rate_limiters, selectors
     from shmreplay.specs import TensorSpec

@@ -619,11 +619,12 @@ class ItemArrays:
             engine.initialize()
         else:
             _sync.init_robust_mutex(engine.ctrl)
-        self.ctrl, self.fctrl, self.meta, self.prio, self.trees = engine.arrays
+        (self.ctrl, self.fctrl, self.meta, self.prio, self.trees, self.refs,
+         self.rows) = engine.arrays
 
     @property
     def arrays(self):
-        return self.ctrl, self.fctrl, self.meta, self.prio, self.trees
+        return self.ctrl, self.fctrl, self.meta, self.prio, self.trees, self.refs, self.rows
 
     def insert(self, priority):
         """reserve + commit of one item (evicts with the remover); returns its key."""

@@ -42,7 +42,7 @@ def _all_removed(name, timeout=2.0):
 
 
 def _expected_segments(name):
-    # make_server's buffer: the header segment and one data segment per table.
+    # The header segment and one data segment per table (made by each table's first item).
     return [f"shmreplay.{name}", f"shmreplay.{name}.t0", f"shmreplay.{name}.t1"]
 
 
@@ -59,6 +59,7 @@ def test_stop_removes_every_segment(buffer_name):
     try:
         client = server.localhost_client()
         client.insert({"y": np.arange(3)}, priorities={"unsigned": 1.0}, timeout=5)
+        client.insert({"x": np.zeros(8)}, priorities={"signed": 1.0}, timeout=5)
         client.close()
         assert _segments(buffer_name) == _expected_segments(buffer_name)
     finally:
@@ -72,6 +73,7 @@ def test_with_block_removes_every_segment(buffer_name):
                           name=buffer_name) as server:
         with server.localhost_client() as client:
             client.insert({"y": np.arange(3)}, priorities={"unsigned": 1.0}, timeout=5)
+            client.insert({"x": np.zeros(8)}, priorities={"signed": 1.0}, timeout=5)
         assert _segments(buffer_name) == _expected_segments(buffer_name)
     assert _all_removed(buffer_name), _segments(buffer_name)
 
@@ -292,6 +294,9 @@ def test_forked_child_exiting_does_not_remove_the_owners_buffer(buffer_name):
     with shmreplay.Server([_table()], name=buffer_name) as server:
         client = server.localhost_client()
         try:
+            # The table's first item makes its data segment; the queue gives it back.
+            client.insert({"x": np.zeros(8)}, priorities={"t": 1.0}, timeout=5)
+            client.sample_batch("t", 1, timeout=2)
             before = _segments(buffer_name)
             assert before == [f"shmreplay.{buffer_name}", f"shmreplay.{buffer_name}.t0"]
             queue = FORK.Queue()

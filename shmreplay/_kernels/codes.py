@@ -21,3 +21,5 @@ READY = 2
 BLOCKED = -1  # the rate limiter (or a full table) does not allow the call now
 CLOSED = -2  # the buffer was stopped
 TOO_BIG = -3  # the batch can never fit in the free slots
+UNMAPPED = -5  # the caller passed placeholder step arrays: map the data segment, call again
+NO_ROWS = -6  # step storage cannot hold the item even with the table emptied

@@ -14,14 +14,14 @@ and ``rebuild`` can recompute everything else from them.
 
 import numpy as np
 
-from shmreplay._kernels import codes, heap, kernel, sumtree
+from shmreplay._kernels import codes, heap, kernel, rows as step_rows, sumtree
 from shmreplay._kernels.sumtree import weight
 from shmreplay._layout import (
     C_CAPACITY, C_DELETES, C_FREE_HEAD, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MIN_SIZE,
     C_NEXT_ID, C_ORDER_SEQ, C_PENDING, C_SAMPLER_KIND, C_SAMPLES, C_SIZE, C_SLOT_BITS,
     C_TAIL, C_TOTAL_DELETED, C_TREE_LEAVES, C_UPDATE_SEQ, F_EXPONENT0, F_MAX_DIFF,
     F_MIN_DIFF, F_SAMPLES_PER_INSERT, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
-    M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE)
+    M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE, C_ROWS_DIRTY)
 
 
 @kernel
@@ -174,7 +174,16 @@ def add(ctrl, fctrl, meta, prio, trees, slot, priority, tree0):
 
 
 @kernel
-def remove(ctrl, meta, prio, trees, slot, tree0):
+def free_slot(ctrl, meta, refs, rows, slot):
+    """Returns a slot that is no longer an item (or a reservation) to the free stack;
+    with step storage, its rows lose a reference."""
+    if refs.shape[1] > 0:
+        step_rows.release(ctrl, refs, rows, slot)
+    push_free(ctrl, meta, slot)
+
+
+@kernel
+def remove(ctrl, meta, prio, trees, refs, rows, slot, tree0):
     """Deletes a live item (a rate-limiter delete) and frees its slot (``tree0``: as in add)."""
     meta[slot, M_STATE] = codes.FREE
     pos = meta[slot, M_LIVE_POS]
@@ -196,7 +205,7 @@ def remove(ctrl, meta, prio, trees, slot, tree0):
     if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
         _role_remove(ctrl, meta, prio, trees, 0, slot)
     _role_remove(ctrl, meta, prio, trees, 1, slot)
-    push_free(ctrl, meta, slot)
+    free_slot(ctrl, meta, refs, rows, slot)
     ctrl[C_DELETES] += 1
     ctrl[C_TOTAL_DELETED] += 1
 
@@ -241,7 +250,7 @@ def select(ctrl, fctrl, meta, trees, role, prob_out):
 
 
 @kernel
-def clear(ctrl, meta, prio, trees):
+def clear(ctrl, meta, prio, trees, refs, rows):
     """Removes every live item without counting deletes (``reset``)."""
     leaves = ctrl[C_TREE_LEAVES]
     for pos in range(ctrl[C_SIZE]):
@@ -250,7 +259,7 @@ def clear(ctrl, meta, prio, trees):
         for role in range(2):
             if ctrl[C_SAMPLER_KIND + role] == codes.PRIORITIZED:
                 sumtree.set_leaf(trees[role], leaves, slot, 0.0)
-        push_free(ctrl, meta, slot)
+        free_slot(ctrl, meta, refs, rows, slot)
     ctrl[C_SIZE] = 0
     ctrl[C_HEAD] = -1
     ctrl[C_TAIL] = -1
@@ -283,8 +292,12 @@ def _sift(meta, live, pos, n):
 
 
 @kernel
-def rebuild(ctrl, fctrl, meta, prio, trees):
-    """Recomputes every derived structure from the slot states (after a holder died)."""
+def rebuild(ctrl, fctrl, meta, prio, trees, refs, rows):
+    """Recomputes every derived structure from the slot states (after a holder died).
+
+    Row reference counts need the table's step arrays: a caller that has not mapped
+    them (width mismatch) leaves that part to the next caller that has (``C_ROWS_DIRTY``).
+    """
     fresh = ctrl[C_FRESH]
     bits = ctrl[C_SLOT_BITS]
     size = 0
@@ -344,3 +357,8 @@ def rebuild(ctrl, fctrl, meta, prio, trees):
             ctrl[C_HEAP_N0 + role] = 0
             for j in range(size):
                 _role_add(ctrl, fctrl, meta, prio, trees, role, live[j])
+    if step_rows.mapped(ctrl, refs):
+        if refs.shape[1] > 0:
+            step_rows.rebuild(ctrl, meta, refs, rows)
+    else:
+        ctrl[C_ROWS_DIRTY] = 1

@@ -1,6 +1,6 @@
 """Locked entry points: one native call per table operation (protocol: ``shmreplay._sync``).
 
-Each function takes the table's arrays ``(ctrl, fctrl, meta, prio, trees)`` first,
+Each function takes the table's arrays ``(ctrl, fctrl, meta, prio, trees, refs, rows)`` first,
 locks the table's robust mutex (repairing the table if the previous holder died),
 does the whole operation, unlocks, then wakes waiters if it changed something they wait
 for. Return values >= 0 are counts; negative values are ``codes`` statuses. When a call
@@ -11,13 +11,13 @@ futex sequence value to wait on in ``io[0]``.
 import numpy as np
 
 from shmreplay import _sync
-from shmreplay._kernels import codes, items, kernel, sumtree
+from shmreplay._kernels import codes, items, kernel, rows as step_rows, sumtree
 from shmreplay._kernels import verify as verify_kernels
 from shmreplay._layout import (
     C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
     C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_REMOVER_KIND, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
-    C_RESERVES, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TREE_LEAVES,
-    F_EXPONENT0, M_KEY, M_LIVE, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER)
+    C_RESERVES, C_ROWS_DIRTY, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TREE_LEAVES,
+    F_EXPONENT0, M_KEY, M_LIVE, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER, R_COUNT, R_GEN)
 
 # Rows of the int64 output block of ``sample``.
 OUT_SLOT, OUT_KEY, OUT_TABLE_SIZE, OUT_TIMES, OUT_VERSION = range(5)
@@ -30,7 +30,7 @@ BROKEN = -4  # the mutex is unrecoverable (cannot happen unless memory was corru
 
 
 @kernel
-def _lock(ctrl, fctrl, meta, prio, trees):
+def _lock(ctrl, fctrl, meta, prio, trees, refs, rows):
     address = ctrl.ctypes.data
     result = _sync.mutex_trylock(address)
     spins = 0
@@ -40,11 +40,32 @@ def _lock(ctrl, fctrl, meta, prio, trees):
     if result == _sync.EBUSY:
         result = _sync.mutex_lock(address)
     if result == _sync.EOWNERDEAD:
-        items.rebuild(ctrl, fctrl, meta, prio, trees)
+        items.rebuild(ctrl, fctrl, meta, prio, trees, refs, rows)
         ctrl[C_RECOVERIES] += 1
         _sync.mutex_consistent(ctrl.ctypes.data)
-        return 0
-    return result
+        result = 0
+    if result != 0:
+        return BROKEN
+    if ctrl[C_ROWS_DIRTY] != 0 and refs.shape[1] > 0 and step_rows.mapped(ctrl, refs):
+        step_rows.rebuild(ctrl, meta, refs, rows)
+    return 0
+
+
+@kernel
+def _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows):
+    """``_lock`` for calls that may add or remove items.
+
+    Removing an item releases its step rows, so a process that has not mapped the
+    table's step storage yet (placeholder arrays) must not: it gets ``UNMAPPED``, maps
+    the storage and calls again.
+    """
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
+    if not step_rows.mapped(ctrl, refs):
+        _unlock(ctrl)
+        return codes.UNMAPPED
+    return 0
 
 
 @kernel
@@ -78,10 +99,11 @@ def _block(ctrl, waiters, word, register, io):
 
 
 @kernel
-def reserve(ctrl, fctrl, meta, prio, trees, n, pid, was_waiting, register, out_slots, io):
+def reserve(ctrl, fctrl, meta, prio, trees, refs, rows, n, pid, was_waiting, register, out_slots, io):
     """Reserves ``n`` slots for writing if the rate limiter allows ``n`` inserts now."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     if was_waiting and ctrl[C_SPACE_WAITERS] > 0:
         ctrl[C_SPACE_WAITERS] -= 1
     if ctrl[C_CLOSED] != 0:
@@ -103,14 +125,15 @@ def reserve(ctrl, fctrl, meta, prio, trees, n, pid, was_waiting, register, out_s
 
 
 @kernel
-def commit(ctrl, fctrl, meta, prio, trees, slots, priorities, out_keys, io, touched):
+def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_keys, io, touched):
     """Publishes written slots as items, then evicts with the remover while over max_size.
 
     ``touched`` is int64 scratch ``[2, 2 * len(slots)]``: when only the sampler is
     Prioritized, its sum-tree is updated once for all added and evicted slots.
     """
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     n = slots.shape[0]
     batch_tree = (ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED
                   and ctrl[C_REMOVER_KIND] != codes.PRIORITIZED)
@@ -124,7 +147,7 @@ def commit(ctrl, fctrl, meta, prio, trees, slots, priorities, out_keys, io, touc
     evicted = 0
     while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
         victim = items.select(ctrl, fctrl, meta, trees, 1, io)
-        items.remove(ctrl, meta, prio, trees, victim, not batch_tree)
+        items.remove(ctrl, meta, prio, trees, refs, rows, victim, not batch_tree)
         touched[0, n + evicted] = victim
         evicted += 1
     if batch_tree:
@@ -138,10 +161,11 @@ def commit(ctrl, fctrl, meta, prio, trees, slots, priorities, out_keys, io, touc
 
 
 @kernel
-def reserve_one(ctrl, fctrl, meta, prio, trees, pid):
+def reserve_one(ctrl, fctrl, meta, prio, trees, refs, rows, pid):
     """``reserve`` of one slot without waiting: the slot, or BLOCKED (the insert fast path)."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     if ctrl[C_CLOSED] != 0:
         _unlock(ctrl)
         return codes.CLOSED
@@ -159,17 +183,90 @@ def reserve_one(ctrl, fctrl, meta, prio, trees, pid):
 
 
 @kernel
-def commit_one(ctrl, fctrl, meta, prio, trees, slot, priority, io):
+def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_gens, ref_steps,
+                 pid, was_waiting, register, out_rows, out_fresh, io):
+    """Reserves a slot for one item of step storage, and the rows of its steps.
+
+    ``known_rows[d]``/``known_gens[d]``: where the writer stored the item's ``d``-th
+    distinct step in this table before (row -1: never). A row that still holds it is
+    referenced again (``out_fresh[d] = 0``); otherwise a free row is taken
+    (``out_fresh[d] = 1``: the caller writes the step there). ``ref_steps[j]`` is the
+    distinct step of the item's ``j``-th reference; the references go to ``refs[slot]``
+    before the slot turns WRITING, so a crash at any point leaves the counts rebuildable.
+
+    If the rows run out (items referencing more distinct steps than the row space was
+    sized for), the remover evicts items until they fit; ``NO_ROWS`` if even an empty
+    table could not hold the item. Returns the slot, or a negative status.
+    """
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
+    if was_waiting and ctrl[C_SPACE_WAITERS] > 0:
+        ctrl[C_SPACE_WAITERS] -= 1
+    if ctrl[C_CLOSED] != 0:
+        _unlock(ctrl)
+        return codes.CLOSED
+    if not items.can_insert(ctrl, fctrl, 1) or items.free_count(ctrl) < 1:
+        return _block(ctrl, C_SPACE_WAITERS, C_SPACE_SEQ, register, io)
+    distinct = known_rows.shape[0]
+    need = 0
+    for d in range(distinct):
+        row = known_rows[d]
+        if step_rows.is_live(rows, row, known_gens[d]):
+            rows[row, R_COUNT] += 1  # pinned: evictions below must not free it
+            out_fresh[d] = 0
+        else:
+            out_fresh[d] = 1
+            need += 1
+    evicted = 0
+    while step_rows.free_rows(ctrl) < need and ctrl[C_SIZE] > 0:
+        victim = items.select(ctrl, fctrl, meta, trees, 1, io)
+        items.remove(ctrl, meta, prio, trees, refs, rows, victim, True)
+        evicted += 1
+    if step_rows.free_rows(ctrl) < need:
+        for d in range(distinct):
+            if out_fresh[d] == 0:
+                row = known_rows[d]
+                rows[row, R_COUNT] -= 1
+                if rows[row, R_COUNT] == 0:
+                    step_rows.push_row(ctrl, rows, row)
+        _unlock_and_wake(ctrl, False, evicted > 0)
+        return codes.NO_ROWS
+    ctrl[C_RESERVES] += 1
+    slot = items.pop_free(ctrl, meta)
+    for d in range(distinct):
+        if out_fresh[d] == 0:
+            out_rows[d] = known_rows[d]
+            rows[known_rows[d], R_COUNT] -= 1  # the pin becomes the references below
+        else:
+            out_rows[d] = step_rows.pop_row(ctrl, rows)
+    for j in range(ref_steps.shape[0]):
+        row = out_rows[ref_steps[j]]
+        refs[slot, j] = row
+        rows[row, R_COUNT] += 1
+    meta[slot, M_VERSION] += 1
+    meta[slot, M_WRITER] = pid
+    meta[slot, M_STATE] = codes.WRITING
+    ctrl[C_PENDING] += 1
+    if evicted:
+        _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, False, evicted > 0)
+    return slot
+
+
+@kernel
+def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io):
     """``commit`` of one slot: returns the new key (> 0), or a negative status."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     key = items.add(ctrl, fctrl, meta, prio, trees, slot, priority, True)
     ctrl[C_PENDING] -= 1
     ctrl[C_INSERTS] += 1
     ctrl[C_TOTAL_INSERTED] += 1
     evicted = 0
     while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
-        items.remove(ctrl, meta, prio, trees, items.select(ctrl, fctrl, meta, trees, 1, io), True)
+        items.remove(ctrl, meta, prio, trees, refs, rows, items.select(ctrl, fctrl, meta, trees, 1, io), True)
         evicted += 1
     _bump(ctrl, C_ITEMS_SEQ)
     if evicted:
@@ -179,19 +276,20 @@ def commit_one(ctrl, fctrl, meta, prio, trees, slot, priority, io):
 
 
 @kernel
-def cancel(ctrl, fctrl, meta, prio, trees, slots, pids):
+def cancel(ctrl, fctrl, meta, prio, trees, refs, rows, slots, pids):
     """Frees reserved slots that were never committed (a failed insert, or a dead writer).
 
     A slot is freed only if it is still WRITING for the same pid.
     """
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     freed = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
         if meta[slot, M_STATE] == codes.WRITING and meta[slot, M_WRITER] == pids[i]:
             meta[slot, M_STATE] = codes.FREE
-            items.push_free(ctrl, meta, slot)
+            items.free_slot(ctrl, meta, refs, rows, slot)
             ctrl[C_PENDING] -= 1
             freed += 1
     if freed:
@@ -201,7 +299,11 @@ def cancel(ctrl, fctrl, meta, prio, trees, slots, pids):
 
 
 @kernel
-def _record(ctrl, meta, prio, slot, probability, out_i, out_f, j):
+def _record(ctrl, meta, prio, refs, rows, slot, probability, out_i, out_f, out_gens, j):
+    # Row generations, for the seqlock re-check of step storage: a row can be handed to
+    # another writer (once no item references it) while its slot is still unused.
+    for k in range(refs.shape[1]):
+        out_gens[j, k] = rows[refs[slot, k], R_GEN]
     times = meta[slot, M_TIMES] + 1
     meta[slot, M_TIMES] = times
     if times == 1:
@@ -217,16 +319,19 @@ def _record(ctrl, meta, prio, slot, probability, out_i, out_f, j):
 
 
 @kernel
-def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, out_f, io):
+def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, was_waiting, register, out_i, out_f,
+           out_gens, io):
     """Samples up to ``batch`` items: at least one, as many as the rate limiter allows
     now (Reverb's flexible batch; the engine waits and calls again to fill a batch),
     counting each as one sample.
 
-    On success ``io[0]`` receives the table size left (0: the batch stopped because
+    ``out_gens`` (int32 ``[batch, width]``) receives the generation of every row the
+    drawn items reference. On success ``io[0]`` receives the table size left (0: the batch stopped because
     ``max_times_sampled`` emptied the table) and ``io[1]`` the reserve counter.
     """
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     if was_waiting and ctrl[C_ITEMS_WAITERS] > 0:
         ctrl[C_ITEMS_WAITERS] -= 1
     if ctrl[C_CLOSED] != 0:
@@ -248,20 +353,21 @@ def sample(ctrl, fctrl, meta, prio, trees, batch, was_waiting, register, out_i, 
             sumtree.draw_batch(tree, leaves, count, out_i[OUT_SLOT], out_f[OUT_PROBABILITY])
             for j in range(count):
                 slot = out_i[OUT_SLOT, j]
-                _record(ctrl, meta, prio, slot, tree[leaves + slot] / total, out_i, out_f, j)
+                _record(ctrl, meta, prio, refs, rows, slot, tree[leaves + slot] / total, out_i, out_f, out_gens, j)
         else:
             for j in range(count):
                 slot = meta[np.random.randint(0, size), M_LIVE]
-                _record(ctrl, meta, prio, slot, 1.0 / size, out_i, out_f, j)
+                _record(ctrl, meta, prio, refs, rows, slot, 1.0 / size, out_i, out_f, out_gens, j)
         ctrl[C_SAMPLES] += count
     else:
         while count < batch and ctrl[C_SIZE] > 0 and items.can_sample(ctrl, fctrl, 1):
             probability = out_f[OUT_PROBABILITY, count:count + 1]
             slot = items.select(ctrl, fctrl, meta, trees, 0, probability)
-            times = _record(ctrl, meta, prio, slot, probability[0], out_i, out_f, count)
+            times = _record(ctrl, meta, prio, refs, rows, slot, probability[0], out_i, out_f, out_gens,
+                            count)
             ctrl[C_SAMPLES] += 1
             if max_times > 0 and times >= max_times:
-                items.remove(ctrl, meta, prio, trees, slot, True)
+                items.remove(ctrl, meta, prio, trees, refs, rows, slot, True)
             count += 1
     ctrl[C_TOTAL_SAMPLED] += count
     io[0] = ctrl[C_SIZE]
@@ -295,7 +401,7 @@ def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positio
 
 
 @kernel
-def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_priorities, io,
+def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys, update_priorities, io,
            scratch):
     """Deletes, then updates, items by key; unknown or stale keys are ignored.
 
@@ -303,8 +409,9 @@ def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_prio
     ``scratch`` is int64 ``[2, len(update_keys)]``. When a key appears twice, the last
     priority wins.
     """
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     if ctrl[C_CLOSED] != 0:
         _unlock(ctrl)
         return codes.CLOSED
@@ -312,7 +419,7 @@ def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_prio
     for i in range(delete_keys.shape[0]):
         slot = items.lookup(ctrl, meta, delete_keys[i])
         if slot >= 0:
-            items.remove(ctrl, meta, prio, trees, slot, True)
+            items.remove(ctrl, meta, prio, trees, refs, rows, slot, True)
             deleted += 1
     updated = 0
     slots = scratch[0]
@@ -332,12 +439,13 @@ def mutate(ctrl, fctrl, meta, prio, trees, delete_keys, update_keys, update_prio
 
 
 @kernel
-def reset(ctrl, fctrl, meta, prio, trees):
+def reset(ctrl, fctrl, meta, prio, trees, refs, rows):
     """Removes every item and zeroes the rate limiter's counters; keys are not reused."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     removed = ctrl[C_SIZE]
-    items.clear(ctrl, meta, prio, trees)
+    items.clear(ctrl, meta, prio, trees, refs, rows)
     ctrl[C_INSERTS] = 0
     ctrl[C_SAMPLES] = 0
     ctrl[C_DELETES] = 0
@@ -348,10 +456,11 @@ def reset(ctrl, fctrl, meta, prio, trees):
 
 
 @kernel
-def close(ctrl, fctrl, meta, prio, trees):
+def close(ctrl, fctrl, meta, prio, trees, refs, rows):
     """Marks the table closed and wakes every waiter (they will see it closed)."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     ctrl[C_CLOSED] = 1
     _bump(ctrl, C_ITEMS_SEQ)
     _bump(ctrl, C_SPACE_SEQ)
@@ -362,10 +471,11 @@ def close(ctrl, fctrl, meta, prio, trees):
 
 
 @kernel
-def rate_check(ctrl, fctrl, meta, prio, trees, n, inserting):
+def rate_check(ctrl, fctrl, meta, prio, trees, refs, rows, n, inserting):
     """``can_insert(n)`` if ``inserting`` else ``can_sample(n)``, under the lock."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     if inserting:
         allowed = items.can_insert(ctrl, fctrl, n)
     else:
@@ -375,10 +485,11 @@ def rate_check(ctrl, fctrl, meta, prio, trees, n, inserting):
 
 
 @kernel
-def snapshot(ctrl, fctrl, meta, prio, trees, out):
+def snapshot(ctrl, fctrl, meta, prio, trees, refs, rows, out):
     """Copies the control words into ``out`` under the lock (a consistent view)."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     for i in range(out.shape[0]):
         out[i] = ctrl[i]
     _unlock(ctrl)
@@ -386,10 +497,11 @@ def snapshot(ctrl, fctrl, meta, prio, trees, out):
 
 
 @kernel
-def writing_slots(ctrl, fctrl, meta, prio, trees, out_slots, out_pids):
+def writing_slots(ctrl, fctrl, meta, prio, trees, refs, rows, out_slots, out_pids):
     """Lists the WRITING slots and their writers' pids (to find dead writers)."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     count = 0
     capacity = out_slots.shape[0]
     for slot in range(capacity):
@@ -413,10 +525,11 @@ def wait(ctrl, word, expected, timeout_ns, timespec):
 
 
 @kernel
-def unwait(ctrl, fctrl, meta, prio, trees, waiters_word):
+def unwait(ctrl, fctrl, meta, prio, trees, refs, rows, waiters_word):
     """Withdraws a waiter registration (the caller gave up: timeout)."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     if ctrl[waiters_word] > 0:
         ctrl[waiters_word] -= 1
     _unlock(ctrl)
@@ -424,10 +537,11 @@ def unwait(ctrl, fctrl, meta, prio, trees, waiters_word):
 
 
 @kernel
-def wait_for_items(ctrl, fctrl, meta, prio, trees, was_waiting, register, io):
+def wait_for_items(ctrl, fctrl, meta, prio, trees, refs, rows, was_waiting, register, io):
     """Returns the table size once it is non-zero (BLOCKED while empty); takes nothing."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
     if was_waiting and ctrl[C_ITEMS_WAITERS] > 0:
         ctrl[C_ITEMS_WAITERS] -= 1
     if ctrl[C_CLOSED] != 0:
@@ -463,22 +577,29 @@ def first_invalid_priority(priorities, largest):
 
 
 @kernel
-def torn_rows(meta, slots, versions, out_rows):
-    """Rows whose slot's version changed since it was drawn (the seqlock re-check)."""
+def torn_rows(meta, refs, rows, slots, versions, gens, out_rows):
+    """Batch rows to redraw because their data may have been overwritten while copied
+    (the seqlock re-check): the slot was reserved again, or a step row it references
+    was handed out again."""
     count = 0
     for i in range(slots.shape[0]):
-        if meta[slots[i], M_VERSION] != versions[i]:
+        slot = slots[i]
+        torn = meta[slot, M_VERSION] != versions[i]
+        for k in range(refs.shape[1]):
+            torn = torn or rows[refs[slot, k], R_GEN] != gens[i, k]
+        if torn:
             out_rows[count] = i
             count += 1
     return count
 
 
 @kernel
-def verify(ctrl, fctrl, meta, prio, trees):
+def verify(ctrl, fctrl, meta, prio, trees, refs, rows):
     """Checks the table's invariants under the lock; returns a bit mask of problems."""
-    if _lock(ctrl, fctrl, meta, prio, trees) != 0:
-        return BROKEN
-    problems = verify_kernels.check(ctrl, fctrl, meta, prio, trees)
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
+    problems = verify_kernels.check(ctrl, fctrl, meta, prio, trees, refs, rows)
     _unlock(ctrl)
     return problems
 

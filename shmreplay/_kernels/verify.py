@@ -9,7 +9,7 @@ import numpy as np
 from shmreplay._kernels import codes, heap, kernel
 from shmreplay._kernels.sumtree import weight
 from shmreplay._layout import (
-    C_DELETES, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
+    C_DELETES, C_FRESH, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH, C_ROWS_LIVE, R_COUNT, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
     C_TAIL, C_TREE_LEAVES, F_EXPONENT0, M_HEAP0, M_HEAP_POS0, M_LIVE, M_LIVE_POS, M_NEXT,
     M_ORDER, M_STATE)
 
@@ -19,11 +19,14 @@ LIST = 4  # insertion-order list inconsistent
 TREE = 8  # a sum-tree node != sum of its children, or a leaf != priority ** exponent
 HEAP = 16  # heap order or positions broken
 COUNTERS = 32  # inserts - deletes != size, or pending != WRITING slots
+ROWS = 64  # a step row's reference count or the free-row stack is wrong
 
 
 @kernel
-def check(ctrl, fctrl, meta, prio, trees):
+def check(ctrl, fctrl, meta, prio, trees, refs, rows):
     problems = 0
+    if refs.shape[1] > 0:
+        problems |= _check_rows(ctrl, meta, refs, rows)
     fresh = ctrl[C_FRESH]
     size = ctrl[C_SIZE]
     ready = 0
@@ -84,3 +87,56 @@ def check(ctrl, fctrl, meta, prio, trees):
                     if heap.before(meta, prio, slot, parent, is_min):
                         problems |= HEAP
     return problems
+
+
+@kernel
+def _check_rows(ctrl, meta, refs, rows):
+    """Reference counts must equal the references held by items and reservations, and the
+    free stack must hold exactly the other rows.
+
+    Without scratch memory: subtracts each reference from its row's count (every live
+    row must reach exactly 0), then adds them all back.
+    """
+    fresh_rows = ctrl[C_ROW_FRESH]
+    for slot in range(ctrl[C_FRESH]):
+        if _holds_refs(meta, slot):
+            for j in range(refs.shape[1]):
+                row = refs[slot, j]
+                if row < 0 or row >= fresh_rows or rows[row, R_COUNT] <= 0:
+                    return ROWS  # a reference to a row that is not live
+    _add_refs(ctrl, meta, refs, rows, -1)
+    live = 0
+    exact = True
+    for row in range(fresh_rows):
+        count = rows[row, R_COUNT]
+        if count == 0:
+            live += 1
+        elif count > 0:
+            exact = False  # counted more often than referenced
+    _add_refs(ctrl, meta, refs, rows, 1)
+    if not exact or live != ctrl[C_ROWS_LIVE]:
+        return ROWS
+    free = 0
+    row = ctrl[C_ROW_FREE_HEAD]
+    while row >= 0 and free <= fresh_rows:
+        if row >= fresh_rows or rows[row, R_COUNT] >= 0:
+            return ROWS
+        free += 1
+        row = -2 - rows[row, R_COUNT]
+    if free != ctrl[C_ROW_FREE_TOP] or free + live != fresh_rows:
+        return ROWS
+    return 0
+
+
+@kernel
+def _holds_refs(meta, slot):
+    state = meta[slot, M_STATE]
+    return state == codes.READY or state == codes.WRITING
+
+
+@kernel
+def _add_refs(ctrl, meta, refs, rows, step):
+    for slot in range(ctrl[C_FRESH]):
+        if _holds_refs(meta, slot):
+            for j in range(refs.shape[1]):
+                rows[refs[slot, j], R_COUNT] += step

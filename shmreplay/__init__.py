@@ -23,11 +23,13 @@ from shmreplay.replay_sample import ReplaySample, SampleInfo, TableInfo
 from shmreplay.server import Server
 from shmreplay.specs import TensorSpec
 from shmreplay.table import Table
+from shmreplay.trajectory_writer import TrajectoryColumn, TrajectoryWriter
+from shmreplay.writer import Writer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "DeadlineExceededError", "ReplaySample", "SampleInfo", "Server",
-    "ShmReplayError", "Table", "TableInfo", "TensorSpec", "errors", "rate_limiters",
-    "selectors",
+    "ShmReplayError", "Table", "TableInfo", "TensorSpec", "TrajectoryColumn",
+    "TrajectoryWriter", "Writer", "errors", "rate_limiters", "selectors",
 ]

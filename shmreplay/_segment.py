@@ -128,3 +128,11 @@ def exists(name: str) -> bool:
         return True
     except posix_ipc.ExistentialError:
         return False
+
+
+def resident_bytes(name: str) -> int:
+    """Bytes of memory a segment occupies now (tmpfs allocates pages on first write)."""
+    try:
+        return os.stat("/dev/shm" + name).st_blocks * 512  # Linux maps POSIX shm there
+    except OSError:
+        return 0

@@ -7,6 +7,7 @@ validates user input; this module turns it into kernel calls following the proto
 copy rows without the lock, re-check slot versions.
 """
 
+import dataclasses
 import math
 import os
 import sys
@@ -321,7 +322,7 @@ class TableEngine:
     def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None):
         """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between."""
         if io is None:
-            io = np.zeros(2, np.int64)
+            io = np.zeros(3, np.int64)
         timespec = np.zeros(2, np.int64)
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         was_waiting = 0
@@ -517,25 +518,34 @@ class TableEngine:
         out_i = np.empty((kernels.OUT_INT_ROWS, batch_size), np.int64)
         out_f = np.empty((kernels.OUT_FLOAT_ROWS, batch_size), np.float64)
         out_gens = np.empty((batch_size, self.refs.shape[1]), np.int32)
-        io = np.empty(2, np.int64)
-        count = kernels.sample(*self.arrays, batch_size, 0, 0, out_i, out_f, out_gens, io)
+        io = np.zeros(3, np.int64)
+        pid = os.getpid()
+        count = kernels.sample(*self.arrays, batch_size, pid, 0, 0, out_i, out_f, out_gens, io)
         if count < 0:
             count = self._draw_blocking(batch_size, out_i, out_f, out_gens, io, deadline, count)
         reserves = io.item(1)
-        if count < batch_size and io.item(0) > 0:
-            # The rate limiter stopped the batch early: wait for credit, fill the rest.
-            count = self._fill(out_i, out_f, out_gens, count, deadline)
-        if count < batch_size:
-            out_i = out_i[:, :count]
-            out_f = out_f[:, :count]
-            out_gens = out_gens[:count]
-        slots = out_i[kernels.OUT_SLOT]
-        data = self._gather(slots)
-        if self.ctrl.item(L.C_RESERVES) != reserves:  # slots or rows were reused: check ours
-            torn = np.empty(count, np.int64)
-            if kernels.torn_rows(self.meta, self.refs, self.rows, slots,
-                                 out_i[kernels.OUT_VERSION], out_gens, torn):
-                self._redraw_torn_rows(out_i, out_f, out_gens, data, torn)
+        drained = io.item(2)
+        try:
+            if count < batch_size and io.item(0) > 0:
+                # The rate limiter stopped the batch early: wait for credit, fill the rest.
+                count, more = self._fill(out_i, out_f, out_gens, count, deadline)
+                drained += more
+            if count < batch_size:
+                out_i = out_i[:, :count]
+                out_f = out_f[:, :count]
+                out_gens = out_gens[:count]
+            slots = out_i[kernels.OUT_SLOT]
+            data = self._gather(slots)
+            if self.ctrl.item(L.C_RESERVES) != reserves:  # slots or rows reused: check ours
+                torn = np.empty(count, np.int64)
+                if kernels.torn_rows(self.meta, self.refs, self.rows, slots,
+                                     out_i[kernels.OUT_VERSION], out_gens, torn):
+                    drained += self._redraw_torn_rows(out_i, out_f, out_gens, data, torn)
+        finally:
+            if drained:
+                # Items this call deleted (max_times_sampled) kept their slots until now.
+                kernels.release_drained(*self.arrays, out_i[kernels.OUT_SLOT],
+                                        out_i[kernels.OUT_VERSION], pid)
         info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
                           out_i[kernels.OUT_TABLE_SIZE], out_f[kernels.OUT_PRIORITY],
                           out_i[kernels.OUT_TIMES].astype(np.int32))
@@ -563,15 +573,19 @@ class TableEngine:
         if status != codes.BLOCKED and status != codes.UNMAPPED:
             self._raise_status(status)
         timeout = None if deadline is None else deadline - time.monotonic()
+        pid = os.getpid()
         return self._blocking(
             kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout, False,
-            lambda was_waiting, register: (batch_size, was_waiting, register, out_i, out_f,
-                                           out_gens), io)
+            lambda was_waiting, register: (batch_size, pid, was_waiting, register, out_i,
+                                           out_f, out_gens), io)
 
     def _fill(self, out_i, out_f, out_gens, count, deadline):
-        """Draws the rest of a batch as the rate limiter allows; partial on timeout."""
+        """Draws the rest of a batch as the rate limiter allows; partial on timeout.
+
+        Returns ``(count, drained)``: rows filled, and how many of them were deleted."""
         batch_size = out_i.shape[1]
-        io = np.empty(2, np.int64)
+        io = np.zeros(3, np.int64)
+        drained = 0
         while count < batch_size:
             rest = batch_size - count
             more_i = np.empty((kernels.OUT_INT_ROWS, rest), np.int64)
@@ -581,14 +595,15 @@ class TableEngine:
                 got = self._draw_blocking(rest, more_i, more_f, more_gens, io, deadline,
                                           codes.BLOCKED)
             except errors.DeadlineExceededError:
-                return count
+                return count, drained
             out_i[:, count:count + got] = more_i[:, :got]
             out_f[:, count:count + got] = more_f[:, :got]
             out_gens[count:count + got] = more_gens[:got]
             count += got
+            drained += io.item(2)
             if io[0] == 0:  # the table ran out of items
-                return count
-        return count
+                return count, drained
+        return count, drained
 
     def _unflatten(self, leaves):
         keys = self._flat_keys
@@ -597,19 +612,26 @@ class TableEngine:
         return specs.optree.tree_unflatten(self.treedef, leaves)
 
     def _redraw_torn_rows(self, out_i, out_f, out_gens, data, torn):
-        """Seqlock repair: redraw rows whose data was overwritten while we copied it."""
+        """Seqlock repair: redraw rows whose data was overwritten while we copied it.
+
+        (Only items deleted by someone else meanwhile: the ones this call deleted stay
+        DRAINING until it is done.) Returns how many redrawn items were deleted."""
+        pid = os.getpid()
+        drained = 0
         while True:
             count = kernels.torn_rows(self.meta, self.refs, self.rows, out_i[kernels.OUT_SLOT],
                                       out_i[kernels.OUT_VERSION], out_gens, torn)
             if count == 0:
-                return
+                return drained
             for row in torn[:count]:
                 new_i = np.empty((kernels.OUT_INT_ROWS, 1), np.int64)
                 new_f = np.empty((kernels.OUT_FLOAT_ROWS, 1), np.float64)
                 new_gens = np.empty((1, out_gens.shape[1]), np.int32)
+                io = np.zeros(3, np.int64)
                 self._blocking(kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, None, False,
-                               lambda was_waiting, register: (1, was_waiting, register,
-                                                              new_i, new_f, new_gens))
+                               lambda was_waiting, register: (1, pid, was_waiting, register,
+                                                              new_i, new_f, new_gens), io)
+                drained += io.item(2)
                 out_i[:, row] = new_i[:, 0]
                 out_f[:, row] = new_f[:, 0]
                 out_gens[row] = new_gens[0]
@@ -683,8 +705,15 @@ class TableEngine:
     def info(self) -> TableInfo:
         c = self.counters()
         self.has_columns()
-        return _make_info(self.config, self.signature if self.signature is not None
+        info = _make_info(self.config, self.signature if self.signature is not None
                           else self.config.signature, c)
+        if self.storage is not None:
+            stored = c[L.C_ROWS_LIVE] if self.storage.steps else c[L.C_SIZE] + c[L.C_PENDING]
+            info = dataclasses.replace(
+                info, num_stored_steps=int(stored),
+                storage_bytes=_segment.resident_bytes(
+                    L.data_segment_name(self.buffer_name, self.index)))
+        return info
 
     def detach(self):
         """Drops this process's views (the segments stay for other processes)."""

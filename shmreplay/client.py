@@ -170,6 +170,45 @@ class Client:
             keys[engine.name] = committed if batched else int(committed[0])
         return keys
 
+    # --- writers --------------------------------------------------------------------------
+
+    def writer(self, max_sequence_length: int, delta_encoded: bool = False,
+               chunk_length: Optional[int] = None, max_in_flight_items: Optional[int] = 25):
+        """A legacy ``Writer``: append steps, create items of the last N steps.
+
+        Args:
+          max_sequence_length: The most steps one item can span (steps kept).
+          delta_encoded, chunk_length: Accepted for Reverb compatibility; no effect.
+          max_in_flight_items: ``create_item`` blocks while this many items wait for
+            their table's rate limiter (None: never).
+
+        Raises:
+          ValueError: an argument is out of range.
+        """
+        from shmreplay.writer import Writer
+        self._check_open()
+        return Writer(self, max_sequence_length, delta_encoded, chunk_length,
+                      max_in_flight_items)
+
+    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True):
+        """A ``TrajectoryWriter``: append steps column-wise, create items from its history.
+
+        Args:
+          num_keep_alive_refs: How many recent steps of each column stay referenceable
+            (the longest item's span).
+          validate_items: Accepted for Reverb compatibility; items are always validated.
+
+        Raises:
+          ValueError: ``num_keep_alive_refs < 1``.
+        """
+        from shmreplay.trajectory_writer import TrajectoryWriter
+        self._check_open()
+        return TrajectoryWriter(self, num_keep_alive_refs, validate_items)
+
+    def _check_open(self):
+        if self._buffer is None:
+            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+
     # --- sampling -------------------------------------------------------------------------
 
     def sample_batch(self, table: str, batch_size: int, timeout: Optional[float] = None
@@ -201,25 +240,36 @@ class Client:
                ) -> Iterator:
         """Yields ``num_samples`` samples, one at a time (Reverb's ``Client.sample``).
 
-        Each item here is one timestep. With ``emit_timesteps=True`` each sample is a
-        list of one ``ReplaySample`` per timestep; otherwise a single ``ReplaySample``
-        whose leaves have a leading time dimension of 1. ``info`` fields are Python
-        scalars. For training loops use ``sample_batch``.
+        With ``emit_timesteps=True`` each sample is a list of one ``ReplaySample`` per
+        timestep of the item (an item from ``insert`` is one timestep); otherwise a
+        single ``ReplaySample`` holding the whole item: sequence columns ``[T, ...]``,
+        and items from ``insert`` with a leading time dimension of 1 (as in Reverb).
+        ``info`` fields are Python scalars. For training loops use ``sample_batch``.
 
         Raises:
           TableNotFoundError: unknown table (on the first ``next``).
           DeadlineExceededError: a sample was not allowed within ``timeout``.
+          ValueError: ``emit_timesteps=True`` on items whose columns differ in length
+            ("Can't split non timestep trajectory into timesteps.").
         """
         if int(num_samples) != num_samples or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}.")
         for _ in range(int(num_samples)):
-            batch = self._engine(table).sample(1, timeout)
+            engine = self._engine(table)
+            batch = engine.sample(1, timeout)
             info = SampleInfo(*(_scalar(field[0]) for field in batch.info))
-            if emit_timesteps:
-                data = specs.optree.tree_map(lambda leaf: leaf[0], batch.data)
-                yield [ReplaySample(info, data)]
+            steps = engine.storage.steps
+            if not emit_timesteps:
+                # Whole items keep the batch dimension as their time dimension of 1.
+                yield ReplaySample(info, _unbatch(batch.data) if steps else batch.data)
+                continue
+            item = _unbatch(batch.data)
+            length = _timesteps(engine.storage)
+            if length is None:
+                yield [ReplaySample(info, item)]
             else:
-                yield ReplaySample(info, batch.data)
+                yield [ReplaySample(info, specs.optree.tree_map(lambda leaf: leaf[t], item))
+                       for t in range(length)]
 
     # --- priorities and lifecycle ---------------------------------------------------------
 
@@ -288,6 +338,28 @@ class Client:
 
 
 # --- input conversion ----------------------------------------------------------------------
+
+
+def _unbatch(data):
+    return specs.optree.tree_map(lambda leaf: leaf[0], data)
+
+
+def _timesteps(storage):
+    """The number of timesteps of the table's items, None for items without a time
+    dimension (whole items, or all columns squeezed).
+
+    Raises:
+      ValueError: the columns have different lengths (or some are squeezed).
+    """
+    if not storage.steps:
+        return None
+    squeezed = [column.squeeze for column in storage.columns]
+    if all(squeezed):
+        return None
+    lengths = {column.length for column in storage.columns}
+    if any(squeezed) or len(lengths) != 1:
+        raise ValueError("Can't split non timestep trajectory into timesteps.")
+    return lengths.pop()
 
 
 def _scalar(value):

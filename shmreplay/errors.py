@@ -9,8 +9,9 @@ The contract, in one place:
   A call rejected this way has changed nothing in the buffer.
 * ``DeadlineExceededError`` means a ``timeout`` ran out while a rate limiter (or a full
   table) blocked the call. It is also a ``TimeoutError``. Nothing was changed.
-* ``TableNotFoundError`` is a ``RuntimeError`` (what Reverb raises for an unknown table)
-  and a ``KeyError`` (what a Python user expects from a lookup).
+* ``TableNotFoundError`` is a ``RuntimeError`` (what Reverb's client raises for an
+  unknown table), a ``ValueError`` (what Reverb's writers raise) and a ``KeyError``
+  (what a Python user expects from a lookup).
 * ``ClosedError``: *your* code closed this object (client, server, writer) and then used
   it again.
 * ``BufferBrokenError``: the buffer broke underneath you: its owner stopped and removed
@@ -29,7 +30,7 @@ class DeadlineExceededError(ShmReplayError, TimeoutError):
     """A blocking call's ``timeout`` expired before it could proceed."""
 
 
-class TableNotFoundError(ShmReplayError, RuntimeError, KeyError):
+class TableNotFoundError(ShmReplayError, RuntimeError, KeyError, ValueError):
     """The named table does not exist in this buffer."""
 
     def __str__(self):  # KeyError would quote the message.

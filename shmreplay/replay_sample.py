@@ -111,6 +111,11 @@ class TableInfo:
     ``sampler_options`` and ``remover_options`` are dicts such as
     ``{'prioritized': {'priority_exponent': 0.8}, 'is_deterministic': False}`` or
     ``{'fifo': True, 'is_deterministic': True}``.
+
+    ``num_stored_steps`` counts the steps the table's shared memory holds: for items
+    written by a writer, each distinct step once however many items reference it; for
+    items from ``insert``, one per item. ``storage_bytes`` is the memory the table's
+    data actually occupies (pages written so far; untouched capacity costs nothing).
     """
 
     name: str
@@ -127,3 +132,5 @@ class TableInfo:
     num_inserted: int = 0
     num_sampled: int = 0
     num_deleted: int = 0
+    num_stored_steps: int = 0
+    storage_bytes: int = 0

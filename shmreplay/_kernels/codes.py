@@ -16,6 +16,7 @@ MAX_HEAP = 5
 FREE = 0
 WRITING = 1
 READY = 2
+DRAINING = 3  # removed while being sampled: kept until the sampler has copied it
 
 # Kernel status codes (>= 0 means success and usually carries a count).
 BLOCKED = -1  # the rate limiter (or a full table) does not allow the call now

@@ -185,7 +185,15 @@ def free_slot(ctrl, meta, refs, rows, slot):
 @kernel
 def remove(ctrl, meta, prio, trees, refs, rows, slot, tree0):
     """Deletes a live item (a rate-limiter delete) and frees its slot (``tree0``: as in add)."""
-    meta[slot, M_STATE] = codes.FREE
+    unlink(ctrl, meta, prio, trees, slot, tree0, codes.FREE)
+    free_slot(ctrl, meta, refs, rows, slot)
+
+
+@kernel
+def unlink(ctrl, meta, prio, trees, slot, tree0, state):
+    """Deletes a live item from every structure, leaving its slot in ``state`` (FREE to
+    be freed by the caller, or DRAINING to keep its data until a sampler copied it)."""
+    meta[slot, M_STATE] = state
     pos = meta[slot, M_LIVE_POS]
     last_pos = ctrl[C_SIZE] - 1
     last = meta[last_pos, M_LIVE]
@@ -205,7 +213,6 @@ def remove(ctrl, meta, prio, trees, refs, rows, slot, tree0):
     if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
         _role_remove(ctrl, meta, prio, trees, 0, slot)
     _role_remove(ctrl, meta, prio, trees, 1, slot)
-    free_slot(ctrl, meta, refs, rows, slot)
     ctrl[C_DELETES] += 1
     ctrl[C_TOTAL_DELETED] += 1
 
@@ -314,6 +321,8 @@ def rebuild(ctrl, fctrl, meta, prio, trees, refs, rows):
             max_id = max(max_id, meta[slot, M_KEY] >> bits)
         elif state == codes.WRITING:
             pending += 1
+        elif state == codes.DRAINING:
+            pass  # a sampler still copies it; it frees the slot (or dies: reclaimed)
         else:
             meta[slot, M_STATE] = codes.FREE
             push_free(ctrl, meta, slot)

@@ -72,7 +72,7 @@ def rebuild(ctrl, meta, refs, rows):
         rows[row, R_COUNT] = 0
     for slot in range(ctrl[C_FRESH]):
         state = meta[slot, M_STATE]
-        if state == codes.READY or state == codes.WRITING:
+        if state == codes.READY or state == codes.WRITING or state == codes.DRAINING:
             for j in range(refs.shape[1]):
                 rows[refs[slot, j], R_COUNT] += 1
     ctrl[C_ROW_FREE_TOP] = 0

@@ -279,7 +279,8 @@ def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io):
 def cancel(ctrl, fctrl, meta, prio, trees, refs, rows, slots, pids):
     """Frees reserved slots that were never committed (a failed insert, or a dead writer).
 
-    A slot is freed only if it is still WRITING for the same pid.
+    A slot is freed only if it is still WRITING for the same pid. Also frees DRAINING
+    slots of that pid (a sampler that died while copying them).
     """
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
@@ -287,10 +288,33 @@ def cancel(ctrl, fctrl, meta, prio, trees, refs, rows, slots, pids):
     freed = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
-        if meta[slot, M_STATE] == codes.WRITING and meta[slot, M_WRITER] == pids[i]:
+        state = meta[slot, M_STATE]
+        if (state == codes.WRITING or state == codes.DRAINING) and meta[slot, M_WRITER] == pids[i]:
             meta[slot, M_STATE] = codes.FREE
             items.free_slot(ctrl, meta, refs, rows, slot)
-            ctrl[C_PENDING] -= 1
+            if state == codes.WRITING:
+                ctrl[C_PENDING] -= 1
+            freed += 1
+    if freed:
+        _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, False, freed > 0)
+    return freed
+
+
+@kernel
+def release_drained(ctrl, fctrl, meta, prio, trees, refs, rows, slots, versions, pid):
+    """Frees the slots a ``sample`` call by ``pid`` left DRAINING, once their data is
+    copied. A slot is freed only if it is still DRAINING for ``pid`` at that version."""
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
+    freed = 0
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        if (meta[slot, M_STATE] == codes.DRAINING and meta[slot, M_WRITER] == pid
+                and meta[slot, M_VERSION] == versions[i]):
+            meta[slot, M_STATE] = codes.FREE
+            items.free_slot(ctrl, meta, refs, rows, slot)
             freed += 1
     if freed:
         _bump(ctrl, C_SPACE_SEQ)
@@ -319,14 +343,17 @@ def _record(ctrl, meta, prio, refs, rows, slot, probability, out_i, out_f, out_g
 
 
 @kernel
-def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, was_waiting, register, out_i, out_f,
-           out_gens, io):
+def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, register, out_i,
+           out_f, out_gens, io):
     """Samples up to ``batch`` items: at least one, as many as the rate limiter allows
     now (Reverb's flexible batch; the engine waits and calls again to fill a batch),
     counting each as one sample.
 
     ``out_gens`` (int32 ``[batch, width]``) receives the generation of every row the
-    drawn items reference. On success ``io[0]`` receives the table size left (0: the batch stopped because
+    drawn items reference. Items that reach ``max_times_sampled`` are deleted, but their
+    slots stay DRAINING (for ``pid``), so nobody overwrites them while the caller copies
+    them; ``io[2]`` counts them, and ``release_drained`` frees them afterwards.
+    On success ``io[0]`` receives the table size left (0: the batch stopped because
     ``max_times_sampled`` emptied the table) and ``io[1]`` the reserve counter.
     """
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
@@ -342,6 +369,7 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, was_waiting, regis
     kind = ctrl[C_SAMPLER_KIND]
     max_times = ctrl[C_MAX_TIMES_SAMPLED]
     count = 0
+    drained = 0
     if max_times == 0 and (kind == codes.UNIFORM or kind == codes.PRIORITIZED):
         # Nothing is deleted while sampling: draw the whole batch at once.
         count = items.sample_credit(ctrl, fctrl, batch)
@@ -367,12 +395,15 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, was_waiting, regis
                             count)
             ctrl[C_SAMPLES] += 1
             if max_times > 0 and times >= max_times:
-                items.remove(ctrl, meta, prio, trees, refs, rows, slot, True)
+                items.unlink(ctrl, meta, prio, trees, slot, True, codes.DRAINING)
+                meta[slot, M_WRITER] = pid
+                drained += 1
             count += 1
     ctrl[C_TOTAL_SAMPLED] += count
     io[0] = ctrl[C_SIZE]
     # Seqlock: if C_RESERVES still equals this after the copy, no drawn slot was reused.
     io[1] = ctrl[C_RESERVES]
+    io[2] = drained
     # More samples (and any deletes) can unblock inserts.
     _bump(ctrl, C_SPACE_SEQ)
     _unlock_and_wake(ctrl, False, True)
@@ -498,14 +529,15 @@ def snapshot(ctrl, fctrl, meta, prio, trees, refs, rows, out):
 
 @kernel
 def writing_slots(ctrl, fctrl, meta, prio, trees, refs, rows, out_slots, out_pids):
-    """Lists the WRITING slots and their writers' pids (to find dead writers)."""
+    """Lists the WRITING and DRAINING slots and their processes' pids (to find dead ones)."""
     status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
     count = 0
     capacity = out_slots.shape[0]
     for slot in range(capacity):
-        if meta[slot, M_STATE] == codes.WRITING:
+        state = meta[slot, M_STATE]
+        if state == codes.WRITING or state == codes.DRAINING:
             out_slots[count] = slot
             out_pids[count] = meta[slot, M_WRITER]
             count += 1

@@ -131,7 +131,7 @@ def _check_rows(ctrl, meta, refs, rows):
 @kernel
 def _holds_refs(meta, slot):
     state = meta[slot, M_STATE]
-    return state == codes.READY or state == codes.WRITING
+    return state == codes.READY or state == codes.WRITING or state == codes.DRAINING
 
 
 @kernel

@@ -1,0 +1,532 @@
+"""``TrajectoryWriter``: append steps column by column, cut items out of the history.
+
+The writer Acme's adders use (Reverb's ``TrajectoryWriter``). Each ``append`` adds one
+step; ``history`` references the steps still kept (``num_keep_alive_refs`` per column);
+``create_item`` makes an item from any columns of the history, each a
+``TrajectoryColumn`` of step references (different columns may have different lengths).
+A step is copied into a table's shared memory only when an item of that table first
+references it, and only once however many items of that table reference it.
+
+``create_item`` never blocks: when the table's rate limiter refuses, the item waits in
+the writer until ``flush`` (or a later call) inserts it.
+"""
+
+import collections
+import itertools
+from typing import Optional
+
+import numpy as np
+
+from shmreplay import _writing, errors, specs
+
+_PY_DTYPES = {bool: np.bool_, int: np.int64, float: np.float64}
+
+
+class TrajectoryColumn:
+    """A column of an item: references to one field at several steps.
+
+    Args:
+      data_references: The references, e.g. taken from ``TrajectoryWriter.history``.
+      squeeze: If True the column is a single step without a time dimension (needs
+        exactly one reference).
+      path: The column's path, for error messages.
+
+    Raises:
+      ValueError: if a reference is None (the step has no value for the field, or it is
+        older than ``num_keep_alive_refs``), or ``squeeze`` is set with != 1 reference.
+    """
+
+    def __init__(self, data_references, *, squeeze: bool = False, path=None):
+        refs = list(data_references)
+        if any(ref is None for ref in refs):
+            raise ValueError(
+                f"TrajectoryColumn{f' {path}' if path is not None else ''} cannot contain any "
+                "None data references (a step without this field, or one older than "
+                "num_keep_alive_refs).")
+        if squeeze and len(refs) != 1:
+            raise ValueError(
+                f"TrajectoryColumn{f' {path}' if path is not None else ''}: squeeze needs "
+                f"exactly one data reference, got {len(refs)}.")
+        self._refs = refs
+        self._squeeze = squeeze
+        self._path = path
+
+    @property
+    def is_squeezed(self) -> bool:
+        return self._squeeze
+
+    def __len__(self):
+        return len(self._refs)
+
+    def __iter__(self):
+        return iter(self._refs)
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return TrajectoryColumn([self._refs[index]], squeeze=True, path=self._path)
+        if isinstance(index, slice):
+            return TrajectoryColumn(self._refs[index], path=self._path)
+        if isinstance(index, (list, tuple, np.ndarray)):
+            return TrajectoryColumn([self._refs[i] for i in index], path=self._path)
+        raise TypeError(f"TrajectoryColumn indices must be int, slice or list, not {index!r}.")
+
+    @property
+    def shape(self):
+        if not self._refs:
+            return (0,)
+        step = self._refs[0].shape
+        return step if self._squeeze else (len(self._refs),) + step
+
+    @property
+    def dtype(self):
+        return self._refs[0].dtype if self._refs else None
+
+    def numpy(self) -> np.ndarray:
+        """The referenced values, stacked along a time dimension (unless squeezed).
+
+        Raises:
+          RuntimeError: if a reference expired (fell out of ``num_keep_alive_refs``).
+        """
+        if any(ref.expired for ref in self._refs):
+            raise RuntimeError(
+                f"TrajectoryColumn{f' {self._path}' if self._path is not None else ''}: a "
+                "data reference expired (older than num_keep_alive_refs).")
+        if self._squeeze:
+            return self._refs[0].value.copy()
+        return np.stack([ref.value for ref in self._refs])
+
+    def __repr__(self):
+        return f"TrajectoryColumn(len={len(self)}, squeeze={self._squeeze}, path={self._path})"
+
+
+class _ColumnHistory:
+    """One field's references over the current episode, indexed by step in the episode.
+
+    Only the last ``keep`` references are kept; older positions read as None.
+    """
+
+    def __init__(self, path, keep: int, length: int = 0):
+        self.path = path
+        self.keep = keep
+        self.start = length      # episode position of refs[0]
+        self.refs = collections.deque()
+
+    def __len__(self):
+        return self.start + len(self.refs)
+
+    def extend_to(self, length: int):
+        """Pads with None up to ``length`` steps (the field was absent from those steps)."""
+        while len(self) < length:
+            self._push(None)
+
+    def push(self, ref):
+        self._push(ref)
+
+    def _push(self, ref):
+        self.refs.append(ref)
+        if len(self.refs) > self.keep:
+            old = self.refs.popleft()
+            if old is not None:
+                old.expired = True
+            self.start += 1
+
+    def ref_at(self, position: int):
+        length = len(self)
+        if position < 0:
+            position += length
+        if not 0 <= position < length:
+            raise IndexError(f"history {self.path}: index {position} out of range for "
+                             f"{length} steps.")
+        if position < self.start:
+            return None
+        return self.refs[position - self.start]
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return TrajectoryColumn([self.ref_at(int(index))], squeeze=True, path=self.path)
+        if isinstance(index, slice):
+            return TrajectoryColumn([self.ref_at(i) for i in range(*index.indices(len(self)))],
+                                    path=self.path)
+        if isinstance(index, (list, tuple, np.ndarray)):
+            return TrajectoryColumn([self.ref_at(int(i)) for i in index], path=self.path)
+        raise TypeError(f"history indices must be int, slice or list, not {index!r}.")
+
+    def expire_all(self):
+        for ref in self.refs:
+            if ref is not None:
+                ref.expired = True
+
+    def __repr__(self):
+        return f"ColumnHistory(path={self.path}, steps={len(self)})"
+
+
+class TrajectoryWriter:
+    """Appends steps and creates items from them (Reverb's ``TrajectoryWriter``).
+
+    Create it with ``Client.trajectory_writer(num_keep_alive_refs)``::
+
+        with client.trajectory_writer(num_keep_alive_refs=3) as writer:
+            for step in episode:
+                writer.append({"obs": step.obs, "action": step.action})
+                if writer.episode_steps >= 3:
+                    writer.create_item("replay", priority=1.0, trajectory={
+                        "obs": writer.history["obs"][-3:],      # [3, ...]
+                        "action": writer.history["action"][-2:],  # [2, ...]
+                    })
+            writer.end_episode()
+
+    Not thread-safe: one writer per thread (they are cheap).
+    """
+
+    def __init__(self, client, num_keep_alive_refs: int, validate_items: bool = True):
+        if int(num_keep_alive_refs) != num_keep_alive_refs or num_keep_alive_refs < 1:
+            raise ValueError(
+                f"num_keep_alive_refs must be an integer >= 1, got {num_keep_alive_refs!r}.")
+        self._client = client
+        self._keep = int(num_keep_alive_refs)
+        self._validate = validate_items
+        self._columns = {}            # path -> _ColumnHistory
+        self._containers = {}         # path prefix -> container skeleton (for `history`)
+        self._root = None
+        self._column_keep = {}        # path -> configured num_keep_alive_refs
+        self._uids = itertools.count()
+        self._episode = 0
+        self._episode_steps = 0       # completed steps of this episode
+        self._history_steps = 0       # completed steps since history was last cleared
+        self._specs = {}              # path -> first value (fixes the column's dtype, shape)
+        self._open = None             # the open step's {path: ref} (after a partial append)
+        self._tables = {}             # engine name -> _writing.TableRows
+        self._pending = _writing.PendingItems()
+        self._closed = False
+
+    # --- appending --------------------------------------------------------------------
+
+    def append(self, data, *, partial_step: bool = False):
+        """Appends one step (or part of it, with ``partial_step=True``).
+
+        Args:
+          data: A nest of arrays, scalars or tensors. New fields may appear in later
+            steps (earlier steps read as None for them); a field's dtype and shape are
+            fixed by its first value. None leaves are skipped.
+          partial_step: Keep the step open: the next ``append`` adds fields to it.
+
+        Raises:
+          SchemaError: a field's dtype or shape differs from its first value.
+          ValueError: a field is set twice in the same (open) step.
+        """
+        self._check_open()
+        leaves_with_paths = _flatten_with_paths(data)
+        step = self._open if self._open is not None else {}
+        converted = []
+        for path, leaf in leaves_with_paths:
+            if path in step:
+                raise ValueError(
+                    f"Field {path} has already been set in the active step by previous "
+                    f"(partial) append call and thus must be omitted or set to None but got: "
+                    f"{leaf!r}")
+            converted.append((path, self._convert(path, leaf)))
+        uid = self._current_uid()
+        self._record_structure(data)
+        for path, value in converted:
+            column = self._columns.get(path)
+            if column is None:
+                keep = self._column_keep.get(path, self._keep)
+                column = self._columns[path] = _ColumnHistory(path, keep, self._history_steps)
+            column.extend_to(self._history_steps)
+            self._specs.setdefault(path, value)
+            ref = _writing.StepRef(uid, self._episode, path, value)
+            column.push(ref)
+            step[path] = ref
+        if partial_step:
+            self._open = step
+            return
+        self._open = None
+        self._episode_steps += 1
+        self._history_steps += 1
+        self._next_uid = None
+        for column in self._columns.values():
+            column.extend_to(self._history_steps)
+        if self._pending:
+            self._pending.drain(0.0)
+        if self._episode_steps % 256 == 0:
+            self._forget_old_rows()
+
+    def _current_uid(self):
+        uid = getattr(self, "_next_uid", None)
+        if uid is None:
+            uid = self._next_uid = next(self._uids)
+        return uid
+
+    def _convert(self, path, leaf):
+        if type(leaf) in _PY_DTYPES:
+            value = np.asarray(leaf, _PY_DTYPES[type(leaf)])
+        else:
+            value = np.array(leaf)  # a copy: the caller may reuse its array
+        first = self._specs.get(path)
+        if first is not None:
+            if value.dtype != first.dtype:
+                raise errors.SchemaError(
+                    f"Tensor of wrong dtype provided for column {path}. Got "
+                    f"{value.dtype} but expected {first.dtype}.")
+            if value.shape != first.shape:
+                raise errors.SchemaError(
+                    f"Tensor of incompatible shape provided for column {path}. Got "
+                    f"{list(value.shape)} which is incompatible with {list(first.shape)}.")
+        if value.dtype.kind not in "biufc":
+            raise errors.SchemaError(
+                f"Column {path}: dtype {value.dtype} cannot be stored; expected a numeric or "
+                "boolean dtype.")
+        return value
+
+    def _record_structure(self, data):
+        self._root = _merge_structure(self._root, data)
+
+    # --- history ------------------------------------------------------------------------
+
+    @property
+    def history(self):
+        """The appended data's structure, each field a history indexable by step
+        (``int``: one step, squeezed; ``slice``; ``list`` of positions).
+
+        Raises:
+          RuntimeError: if nothing was appended yet.
+        """
+        if self._root is None:
+            raise RuntimeError("history is not available before the first append.")
+        return _build_history(self._root, (), self._columns)
+
+    @property
+    def episode_steps(self) -> int:
+        """Complete (non-partial) steps appended since the last ``end_episode``."""
+        return self._episode_steps
+
+    @property
+    def step_is_open(self) -> bool:
+        return self._open is not None
+
+    def configure(self, path, *, num_keep_alive_refs: int, max_chunk_length: Optional[int] = None):
+        """Sets how many references of the column at ``path`` stay alive.
+
+        ``max_chunk_length`` is accepted for Reverb compatibility (shared memory needs no
+        chunks). Applies when the column first appears if it has not yet.
+
+        Raises:
+          ValueError: ``num_keep_alive_refs < 1``, or ``max_chunk_length`` not in
+            ``[1, num_keep_alive_refs]``.
+        """
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs must be >= 1, got {num_keep_alive_refs}.")
+        if max_chunk_length is not None and not 1 <= max_chunk_length <= num_keep_alive_refs:
+            raise ValueError(
+                f"max_chunk_length must be None or in [1, num_keep_alive_refs="
+                f"{num_keep_alive_refs}], got {max_chunk_length}.")
+        path = tuple(path) if isinstance(path, (list, tuple)) else (path,)
+        self._column_keep[path] = num_keep_alive_refs
+        column = self._columns.get(path)
+        if column is not None:
+            column.keep = num_keep_alive_refs
+
+    # --- items --------------------------------------------------------------------------
+
+    def create_item(self, table: str, priority: float, trajectory):
+        """Creates an item in ``table`` from columns of the history; never blocks.
+
+        Args:
+          table: The table's name.
+          priority: The item's priority.
+          trajectory: A nest whose leaves are ``TrajectoryColumn``; the item is sampled
+            back with this structure (a column of n steps as ``[n, ...]``, a squeezed one
+            without time dimension).
+
+        Raises:
+          TypeError: a leaf is not a TrajectoryColumn.
+          ValueError: empty trajectory or column, a reference expired, or the references
+            span an episode boundary.
+          InvalidPriorityError / TableNotFoundError / SchemaError: as named.
+        """
+        self._check_open()
+        leaves, treedef = specs.flatten(trajectory)
+        if not leaves:
+            raise ValueError("create_item: the trajectory is empty.")
+        for leaf in leaves:
+            if not isinstance(leaf, TrajectoryColumn):
+                raise TypeError(
+                    f"create_item: every leaf of the trajectory must be a TrajectoryColumn, "
+                    f"got {type(leaf).__name__}.")
+        paths = specs.path_strings(treedef)
+        columns = []
+        episodes = set()
+        for leaf, path in zip(leaves, paths):
+            refs = list(leaf)
+            if not refs:
+                raise ValueError(f"create_item: column {path} is empty.")
+            for ref in refs:
+                if ref.expired:
+                    raise ValueError(
+                        f"create_item: column {path} references a step older than "
+                        "num_keep_alive_refs (expired).")
+                episodes.add(ref.episode)
+            columns.append(_writing.ItemColumn(refs, leaf.is_squeezed))
+        if len(episodes) > 1:
+            raise ValueError(
+                "create_item: the trajectory's references span an episode boundary "
+                "(an item never crosses end_episode).")
+        rows = self._rows(table)
+        prio = _check_priority(rows.engine, priority)
+        proposal = _writing.validate_item(rows.engine, treedef, columns, paths)
+        if proposal is not None:
+            rows.engine.define_storage(proposal)
+            _writing.validate_item(rows.engine, treedef, columns, paths)
+        self._pending.add(rows, columns, prio)
+
+    def _rows(self, table: str):
+        rows = self._tables.get(table)
+        if rows is None:
+            engine = self._client._engine(table)
+            rows = self._tables[table] = _writing.TableRows(engine)
+        return rows
+
+    def _forget_old_rows(self):
+        oldest = None
+        for column in self._columns.values():
+            for ref in column.refs:
+                if ref is not None:
+                    oldest = ref.uid if oldest is None else min(oldest, ref.uid)
+                    break
+        for _, columns, _ in self._pending.items:
+            for column in columns:
+                for ref in column.refs:
+                    oldest = ref.uid if oldest is None else min(oldest, ref.uid)
+        if oldest is None:
+            oldest = self._current_uid()
+        for rows in self._tables.values():
+            rows.forget_before(oldest)
+
+    # --- flushing and episodes ----------------------------------------------------------
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None):
+        """Inserts waiting items until at most ``block_until_num_items`` remain.
+
+        Raises:
+          ValueError: ``block_until_num_items < 0``.
+          DeadlineExceededError: ``timeout_ms`` passed first (the items keep waiting).
+        """
+        self._check_open()
+        if block_until_num_items < 0:
+            raise ValueError(
+                f"block_until_num_items must be >= 0, got {block_until_num_items}.")
+        timeout = None if timeout_ms is None else timeout_ms / 1000.0
+        if not self._pending.drain(timeout, leave=block_until_num_items):
+            raise errors.DeadlineExceededError(
+                f"flush: {len(self._pending)} item(s) still wait for their table's rate "
+                f"limiter after {timeout_ms} ms.")
+
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None):
+        """Flushes, then starts a new episode (``episode_steps`` back to 0).
+
+        Args:
+          clear_buffers: Also forget the history (its references become unusable).
+          timeout_ms: Bounds the flush; on DeadlineExceededError the episode still ends.
+        """
+        self._check_open()
+        try:
+            self.flush(0, timeout_ms)
+        finally:
+            self._episode += 1
+            self._episode_steps = 0
+            self._open = None
+            self._next_uid = None
+            if clear_buffers:
+                for column in self._columns.values():
+                    column.expire_all()
+                self._columns = {}
+                self._root = None
+                self._history_steps = 0
+            self._forget_old_rows()
+
+    @property
+    def num_pending_items(self) -> int:
+        """Items created but not yet admitted by their table's rate limiter."""
+        return len(self._pending)
+
+    def close(self):
+        """Closes the writer; items still waiting are dropped (``flush`` first to keep
+        them). Closing twice is allowed."""
+        self._closed = True
+        self._pending = _writing.PendingItems()
+        self._tables = {}
+
+    def _check_open(self):
+        if self._closed:
+            raise errors.ClosedError("TrajectoryWriter was closed.")
+
+    def __enter__(self):
+        self._check_open()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        # Like Reverb: flush unless the failure came from the library itself (a flush
+        # would likely fail, or block, the same way).
+        if exc_type is None or not issubclass(exc_type, errors.ShmReplayError):
+            if not self._closed:
+                self.flush()
+
+    def __del__(self):
+        self._closed = True
+
+
+def _check_priority(engine, priority) -> float:
+    from shmreplay.client import _check_priorities
+    return float(_check_priorities(engine, priority, 1)[0])
+
+
+def _flatten_with_paths(data):
+    paths, leaves, _ = specs.optree.tree_flatten_with_path(data, none_is_leaf=False)
+    return list(zip((tuple(p) for p in paths), leaves))
+
+
+# --- the structure of `history` --------------------------------------------------------
+
+def _merge_structure(old, data):
+    """A skeleton of every field seen: dicts/lists/tuples of ... ``True`` at leaves."""
+    if data is None:
+        return old
+    if isinstance(data, dict):
+        merged = dict(old) if isinstance(old, dict) else {}
+        for key, value in data.items():
+            merged[key] = _merge_structure(merged.get(key), value)
+        return {k: v for k, v in merged.items() if v is not None}
+    if isinstance(data, (list, tuple)):
+        old_items = list(old[1]) if isinstance(old, _Seq) else []
+        items = []
+        for i in range(max(len(old_items), len(data))):
+            previous = old_items[i] if i < len(old_items) else None
+            items.append(_merge_structure(previous, data[i]) if i < len(data) else previous)
+        kind = type(data) if not isinstance(old, _Seq) else old[0]
+        return _Seq(kind, items)
+    return True
+
+
+class _Seq(tuple):
+    """(sequence type, [children]) in a structure skeleton."""
+
+    def __new__(cls, kind, items):
+        return super().__new__(cls, (kind, items))
+
+
+def _build_history(node, path, columns):
+    if node is True:
+        return columns.get(path)
+    if isinstance(node, dict):
+        return {key: _build_history(child, path + (key,), columns)
+                for key, child in sorted(node.items(), key=lambda kv: repr(kv[0]))}
+    if isinstance(node, _Seq):
+        kind, items = node
+        built = [None if child is None else _build_history(child, path + (i,), columns)
+                 for i, child in enumerate(items)]
+        if kind is list:
+            return built
+        if hasattr(kind, "_fields"):  # namedtuple
+            return kind(*built)
+        return tuple(built)
+    return None

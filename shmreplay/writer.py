@@ -1,0 +1,250 @@
+"""``Writer``: Reverb's legacy writer. Append steps; an item is the last N of them.
+
+Each step is a nest with the same structure, shapes and dtypes as the first. The writer
+keeps the last ``max_sequence_length`` steps in its process; ``create_item`` makes an
+item of the last ``num_timesteps`` of them, sampled back as the step nest with every
+leaf ``[num_timesteps, ...]``. Steps are copied into a table's shared memory when an
+item of that table first references them, once however many of its items do.
+"""
+
+import collections
+import itertools
+from typing import Optional
+
+import numpy as np
+
+from shmreplay import _writing, errors, specs
+
+
+class Writer:
+    """Appends steps and creates items of the most recent ones (Reverb's legacy Writer).
+
+    Create it with ``Client.writer(max_sequence_length)``::
+
+        with client.writer(max_sequence_length=3) as writer:
+            for step in episode:
+                writer.append({"obs": step.obs, "reward": step.reward})
+                writer.create_item("transitions", num_timesteps=1, priority=1.0)
+                if writer.num_steps >= 3:
+                    writer.create_item("sequences", num_timesteps=3, priority=1.0)
+
+    ``create_item`` inserts at once when the table's rate limiter allows it; otherwise
+    the item waits in the writer, and ``create_item`` blocks only while
+    ``max_in_flight_items`` items wait. ``flush`` and ``close`` insert everything.
+    Not thread-safe: one writer per thread.
+    """
+
+    def __init__(self, client, max_sequence_length: int, delta_encoded: bool = False,
+                 chunk_length: Optional[int] = None, max_in_flight_items: Optional[int] = 25):
+        if int(max_sequence_length) != max_sequence_length or max_sequence_length < 1:
+            raise ValueError(
+                f"max_sequence_length must be an integer >= 1, got {max_sequence_length!r}.")
+        if chunk_length is not None and not 1 <= chunk_length <= max_sequence_length:
+            raise ValueError(
+                f"chunk_length must be None or in [1, max_sequence_length="
+                f"{max_sequence_length}], got {chunk_length!r}.")
+        if max_in_flight_items is not None and max_in_flight_items < 1:
+            raise ValueError(
+                f"max_in_flight_items must be None or >= 1, got {max_in_flight_items!r}.")
+        # delta_encoded and chunk_length shape Reverb's network chunks; shared memory
+        # stores each step as is, so they are accepted and change nothing.
+        self._client = client
+        self._max_length = int(max_sequence_length)
+        self._max_in_flight = max_in_flight_items
+        self._steps = collections.deque(maxlen=self._max_length)  # each: list of StepRef
+        self._treedef = None
+        self._paths = None
+        self._first = None           # the first step's values (fix dtypes and shapes)
+        self._uids = itertools.count()
+        self._tables = {}
+        self._pending = _writing.PendingItems()
+        self._appended = 0
+        self._closed = False
+
+    @property
+    def num_steps(self) -> int:
+        """Steps an item can reference now (at most ``max_sequence_length``)."""
+        return len(self._steps)
+
+    def append(self, data):
+        """Appends one step (a nest of arrays or scalars; copied).
+
+        Raises:
+          SchemaError: the step's structure, a leaf's dtype or shape differs from the
+            first step's (nothing is appended).
+        """
+        self._check_open()
+        leaves, treedef = specs.flatten(data)
+        values = self._convert(leaves, treedef)
+        self._push(values, treedef)
+
+    def append_sequence(self, sequence):
+        """Appends ``T`` steps given as one nest whose leaves have a leading dimension ``T``.
+
+        Equivalent to ``append`` of each ``leaf[t]``.
+
+        Raises:
+          ValueError: a leaf is a scalar, leaves have different leading sizes, or T is 0.
+          SchemaError: the steps do not match the first step's structure or shapes.
+        """
+        self._check_open()
+        leaves, treedef = specs.flatten(sequence)
+        arrays = [np.asarray(leaf) for leaf in leaves]
+        if not arrays:
+            raise ValueError("append_sequence: the sequence has no leaves.")
+        paths = specs.path_strings(treedef)
+        for array, path in zip(arrays, paths):
+            if array.ndim == 0:
+                raise ValueError(f"append_sequence: leaf {path} is a scalar; every leaf needs "
+                                 "a leading time dimension.")
+        lengths = {array.shape[0] for array in arrays}
+        if len(lengths) != 1:
+            detail = ", ".join(f"{p}: {a.shape[0]}" for p, a in zip(paths, arrays))
+            raise ValueError(f"append_sequence: leaves have different lengths ({detail}).")
+        length = lengths.pop()
+        if length == 0:
+            raise ValueError("append_sequence: the sequence is empty.")
+        steps = [self._convert([array[t] for array in arrays], treedef)
+                 for t in range(length)]
+        for values in steps:
+            self._push(values, treedef)
+
+    def _convert(self, leaves, treedef):
+        """Copies and checks one step's leaves; nothing changes if a check fails."""
+        if self._treedef is None:
+            paths = specs.path_strings(treedef)
+            values = [np.array(leaf) for leaf in leaves]
+            for value, path in zip(values, paths):
+                specs.check_storable_dtype(value.dtype, f"Writer, column {path}")
+            if not values:
+                raise errors.SchemaError("Writer: a step needs at least one tensor.")
+            return values
+        if treedef != self._treedef:
+            raise errors.SchemaError(
+                f"Writer: the step's structure {treedef} does not match the first step's "
+                f"{self._treedef} (the number and names of tensors per timestep must stay "
+                "the same).")
+        values = []
+        for leaf, first, path in zip(leaves, self._first, self._paths):
+            value = np.array(leaf, dtype=first.dtype if _is_python_scalar(leaf) else None)
+            if value.dtype != first.dtype:
+                raise errors.SchemaError(
+                    f"Writer, column {path}: expected dtype {first.dtype} (as the first "
+                    f"step), got {value.dtype}.")
+            if value.shape != first.shape:
+                raise errors.SchemaError(
+                    f"Writer, column {path}: expected shape {first.shape} (as the first "
+                    f"step), got {value.shape}.")
+            values.append(value)
+        return values
+
+    def _push(self, values, treedef):
+        if self._treedef is None:  # the first step fixes structure, dtypes and shapes
+            self._first = values
+            self._treedef = treedef
+            self._paths = specs.path_strings(treedef)
+        uid = next(self._uids)
+        self._steps.append([_writing.StepRef(uid, 0, path, value)
+                            for path, value in zip(self._paths, values)])
+        self._appended += 1
+        if self._pending:
+            self._pending.drain(0.0)
+        if self._appended % 256 == 0:
+            self._forget_old_rows()
+
+    def create_item(self, table: str, num_timesteps: int, priority: float):
+        """Creates an item of the last ``num_timesteps`` appended steps.
+
+        Raises:
+          ValueError: ``num_timesteps`` < 1, > ``max_sequence_length`` or > the steps
+            appended.
+          InvalidPriorityError: a NaN, infinite or negative priority.
+          TableNotFoundError: unknown table.
+          SchemaError: the table's items have other shapes.
+        """
+        self._check_open()
+        if int(num_timesteps) != num_timesteps or num_timesteps < 1:
+            raise ValueError(f"num_timesteps must be an integer >= 1, got {num_timesteps!r}.")
+        if num_timesteps > self._max_length:
+            raise ValueError(
+                f"num_timesteps ({num_timesteps}) must be <= max_sequence_length "
+                f"({self._max_length}).")
+        if num_timesteps > len(self._steps):
+            raise ValueError(
+                f"num_timesteps ({num_timesteps}) is more than the {len(self._steps)} "
+                "step(s) appended.")
+        rows = self._rows(table)
+        from shmreplay.trajectory_writer import _check_priority
+        prio = _check_priority(rows.engine, priority)
+        steps = list(itertools.islice(self._steps, len(self._steps) - int(num_timesteps), None))
+        columns = [_writing.ItemColumn([step[i] for step in steps], False)
+                   for i in range(len(self._paths))]
+        proposal = _writing.validate_item(rows.engine, self._treedef, columns, self._paths)
+        if proposal is not None:
+            rows.engine.define_storage(proposal)
+            _writing.validate_item(rows.engine, self._treedef, columns, self._paths)
+        if self._max_in_flight is not None and len(self._pending) >= self._max_in_flight:
+            self._pending.drain(None, leave=self._max_in_flight - 1)  # room for this one
+        self._pending.add(rows, columns, prio)
+
+    def _rows(self, table):
+        rows = self._tables.get(table)
+        if rows is None:
+            rows = self._tables[table] = _writing.TableRows(self._client._engine(table))
+        return rows
+
+    def _forget_old_rows(self):
+        oldest = self._steps[0][0].uid if self._steps else next(self._uids)
+        for _, columns, _ in self._pending.items:
+            oldest = min(oldest, columns[0].refs[0].uid)
+        for rows in self._tables.values():
+            rows.forget_before(oldest)
+
+    def flush(self, timeout: Optional[float] = None):
+        """Inserts every item still waiting for its table's rate limiter.
+
+        Raises:
+          DeadlineExceededError: ``timeout`` (seconds) passed first; items keep waiting.
+        """
+        self._check_open()
+        if not self._pending.drain(timeout):
+            raise errors.DeadlineExceededError(
+                f"Writer.flush: {len(self._pending)} item(s) still wait for their table's "
+                f"rate limiter after {timeout} s.")
+
+    def close(self, retry_on_unavailable: bool = True, timeout: Optional[float] = None):
+        """Flushes, then closes the writer.
+
+        Raises:
+          ValueError: the writer was closed already.
+        """
+        del retry_on_unavailable  # no network here
+        if self._closed:
+            raise ValueError("Writer is already closed.")
+        try:
+            self.flush(timeout)
+        finally:
+            self._closed = True
+            self._steps.clear()
+            self._tables = {}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self):
+        if self._closed:
+            raise errors.ClosedError("Writer was closed.")
+
+    def __enter__(self):
+        if self._closed:
+            raise ValueError("Cannot enter a closed Writer.")
+        return self
+
+    def __exit__(self, *exc):
+        if not self._closed:
+            self.close()
+
+
+def _is_python_scalar(leaf):
+    return type(leaf) in (bool, int, float)

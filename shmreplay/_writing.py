@@ -11,6 +11,7 @@ Items the rate limiter does not admit yet wait in the writer, in creation order
 """
 
 import collections
+import os
 import time
 from typing import List, Optional
 
@@ -21,7 +22,10 @@ from shmreplay import _storage, errors, specs
 from shmreplay._kernels import table as kernels
 
 _SCRATCH_PROB = np.empty(2, np.float64)
+_SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
 _NO_ROW = -1
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 class StepRef:
@@ -92,14 +96,17 @@ def item_specs(columns: List[ItemColumn]):
 
 
 class TableRows:
-    """One writer's memory of where its steps went in one table: uid -> [row, gen, mask].
+    """One writer's view of one table.
 
-    ``mask`` has bit ``s`` set when store ``s`` of that row holds the step's value.
+    ``entries`` remembers where the writer's steps went: uid -> [row, gen, mask], where
+    bit ``s`` of ``mask`` says store ``s`` of that row holds the step's value.
+    ``plans`` caches, per item shape, how items of that shape are stored.
     """
 
     def __init__(self, engine):
         self.engine = engine
         self.entries = {}
+        self.plans = {}
 
     def forget_before(self, uid: int):
         """Drops entries of steps older than ``uid`` (no history can reference them)."""
@@ -107,6 +114,49 @@ class TableRows:
             stale = [key for key in self.entries if key < uid]
             for key in stale:
                 del self.entries[key]
+
+
+class ItemPlan:
+    """How items of one shape go into one table: per column, its store and whether its
+    steps are shared with other items (the store holds the field the column reads)."""
+
+    __slots__ = ("steps", "columns")
+
+    def __init__(self, storage, columns: List[ItemColumn]):
+        self.steps = storage.steps
+        self.columns = []
+        if self.steps:
+            for column, stored in zip(columns, storage.columns):
+                source = column_source(column)
+                shared = source is not None and storage.store_sources[stored.store] == source
+                self.columns.append((stored.store, shared))
+
+
+def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[str]) -> ItemPlan:
+    """Validates an item for ``rows.engine`` (defining the table's storage if this is its
+    first item) and returns how to store it.
+
+    A writer fixes each field's dtype and shape at its first value, so an item's specs
+    follow from its structure and, per column, the field, length and squeeze: checked
+    once per such shape.
+
+    Raises:
+      SchemaError: if the item's structure, shapes or dtypes differ from the table's.
+    """
+    sources = tuple(column_source(c) for c in columns)
+    key = (treedef, sources, tuple((len(c.refs), c.squeeze) for c in columns))
+    plan = rows.plans.get(key)
+    if plan is not None:
+        return plan
+    engine = rows.engine
+    proposal = validate_item(engine, treedef, columns, paths)
+    if proposal is not None:
+        engine.define_storage(proposal)
+        validate_item(engine, treedef, columns, paths)
+    plan = ItemPlan(engine.storage, columns)
+    if None not in sources:  # columns mixing fields are checked every time
+        rows.plans[key] = plan
+    return plan
 
 
 def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str]):
@@ -148,69 +198,91 @@ def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str]):
                                  [column_source(c) for c in columns])
 
 
-def insert_item(rows: TableRows, columns: List[ItemColumn], priority: float, timeout):
-    """Inserts one validated item into ``rows.engine``; returns its key.
+def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
+                timeout):
+    """Inserts one planned item into ``rows.engine``; returns its key.
 
     Raises DeadlineExceededError (nothing inserted) if the rate limiter does not admit
     it within ``timeout`` (0: do not wait).
     """
     engine = rows.engine
-    storage = engine.storage
-    if not storage.steps:
+    if not plan.steps:
         return _insert_whole(engine, columns, priority, timeout)
-    # The item's distinct steps: shared rows where the column's store holds the writer
-    # field the column reads, private new rows otherwise.
-    keys, ref_steps, where = {}, [], []
-    for index, (column, stored) in enumerate(zip(columns, storage.columns)):
-        shared = storage.store_sources[stored.store] == column.refs[0].path and \
-            column_source(column) is not None
-        for position, ref in enumerate(column.refs):
-            key = ref.uid if shared else (index, position)
-            step = keys.get(key)
-            if step is None:
-                step = keys[key] = len(keys)
-            ref_steps.append(step)
-            where.append((stored.store, ref, shared))
-    distinct = len(keys)
-    known_rows = np.full(distinct, _NO_ROW, np.int64)
-    known_gens = np.zeros(distinct, np.int64)
+    # The item's distinct steps: a shared column's steps by uid (rows other items may
+    # hold already), a private column's steps each on a new row.
+    steps = {}
+    ref_steps = []
+    for (_, shared), column in zip(plan.columns, columns):
+        if shared:
+            for ref in column.refs:
+                step = steps.get(ref.uid)
+                if step is None:
+                    step = steps[ref.uid] = len(steps)
+                ref_steps.append(step)
+        else:
+            for position in range(len(column.refs)):
+                step = steps[(id(column), position)] = len(steps)
+                ref_steps.append(step)
     entries = rows.entries
-    for key, step in keys.items():
-        if type(key) is int:
-            entry = entries.get(key)
-            if entry is not None:
-                known_rows[step] = entry[0]
-                known_gens[step] = entry[1]
+    known = []
+    gens = []
+    for key in steps:
+        entry = entries.get(key)
+        if entry is None:
+            known.append(_NO_ROW)
+            gens.append(0)
+        else:
+            known.append(entry[0])
+            gens.append(entry[1])
+    known_rows = np.array(known, np.int64)
+    known_gens = np.array(gens, np.int64)
     ref_steps = np.array(ref_steps, np.int64)
-    slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_steps, timeout)
+    distinct = len(known)
+    got_rows = np.empty(distinct, np.int64)
+    fresh = np.empty(distinct, np.int64)
+    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_steps, _PID[0], 0, 0,
+                                got_rows, fresh, _SCRATCH_IO)
+    if slot < 0:
+        slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_steps, timeout)
     stores = engine.columns
-    new_entries = {}
+    updated = {}
     try:
-        written = set()
-        for j, (store, ref, shared) in enumerate(where):
-            step = ref_steps[j]
-            row = int(got_rows[step])
-            if shared:
-                entry = new_entries.get(ref.uid)
+        j = 0
+        for (store, shared), column in zip(plan.columns, columns):
+            bit = 1 << store
+            for ref in column.refs:
+                step = ref_steps[j]
+                j += 1
+                row = int(got_rows[step])
+                if not shared:
+                    stores[store][row] = ref.value
+                    continue
+                entry = updated.get(ref.uid)
                 if entry is None:
-                    old = None if fresh[step] else entries.get(ref.uid)
-                    entry = new_entries[ref.uid] = [
-                        row, int(engine.rows[row, L.R_GEN]), old[2] if old is not None else 0]
-                bit = 1 << store
+                    if fresh[step]:
+                        entry = [row, int(engine.rows[row, L.R_GEN]), 0]
+                    else:
+                        entry = list(entries[ref.uid])
+                    updated[ref.uid] = entry
                 if not entry[2] & bit:
                     stores[store][row] = ref.value
                     entry[2] |= bit
-            elif (store, row) not in written:
-                stores[store][row] = ref.value
-                written.add((store, row))
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)
-    entries.update(new_entries)
+    entries.update(updated)
     return key
+
+
+def check_priority(engine, priority) -> float:
+    """The priority as a float, or InvalidPriorityError (NaN, negative, too large)."""
+    if type(priority) is float and 0.0 <= priority <= engine.max_priority:
+        return priority
+    from shmreplay.client import _check_priorities
+    return float(_check_priorities(engine, priority, 1)[0])
 
 
 def _insert_whole(engine, columns, priority, timeout):
@@ -240,10 +312,16 @@ class PendingItems:
     def __len__(self):
         return len(self.items)
 
-    def add(self, rows: TableRows, columns, priority: float):
+    def add(self, rows: TableRows, plan: ItemPlan, columns, priority: float):
         """Inserts the item now if it and every earlier one can go in without waiting;
         otherwise keeps it for later."""
-        self.items.append((rows, columns, priority))
+        if not self.items:
+            try:
+                insert_item(rows, plan, columns, priority, 0.0)
+                return
+            except errors.DeadlineExceededError:
+                pass
+        self.items.append((rows, plan, columns, priority))
         self.drain(0.0)
 
     def drain(self, timeout: Optional[float], leave: int = 0):
@@ -254,10 +332,10 @@ class PendingItems:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(self.items) > leave:
-            rows, columns, priority = self.items[0]
+            rows, plan, columns, priority = self.items[0]
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                insert_item(rows, columns, priority, remaining)
+                insert_item(rows, plan, columns, priority, remaining)
             except errors.DeadlineExceededError:
                 return False
             self.items.popleft()

@@ -37,8 +37,8 @@ class TrajectoryColumn:
     """
 
     def __init__(self, data_references, *, squeeze: bool = False, path=None):
-        refs = list(data_references)
-        if any(ref is None for ref in refs):
+        refs = data_references if type(data_references) is list else list(data_references)
+        if None in refs:
             raise ValueError(
                 f"TrajectoryColumn{f' {path}' if path is not None else ''} cannot contain any "
                 "None data references (a step without this field, or one older than "
@@ -142,11 +142,16 @@ class _ColumnHistory:
         return self.refs[position - self.start]
 
     def __getitem__(self, index):
+        if type(index) is slice:
+            first, stop, stride = index.indices(len(self))
+            if stride == 1 and first >= self.start:  # the usual recent window
+                refs = list(itertools.islice(self.refs, first - self.start,
+                                             max(first, stop) - self.start))
+            else:
+                refs = [self.ref_at(i) for i in range(first, stop, stride)]
+            return TrajectoryColumn(refs, path=self.path)
         if isinstance(index, (int, np.integer)):
             return TrajectoryColumn([self.ref_at(int(index))], squeeze=True, path=self.path)
-        if isinstance(index, slice):
-            return TrajectoryColumn([self.ref_at(i) for i in range(*index.indices(len(self)))],
-                                    path=self.path)
         if isinstance(index, (list, tuple, np.ndarray)):
             return TrajectoryColumn([self.ref_at(int(i)) for i in index], path=self.path)
         raise TypeError(f"history indices must be int, slice or list, not {index!r}.")
@@ -194,6 +199,9 @@ class TrajectoryWriter:
         self._episode_steps = 0       # completed steps of this episode
         self._history_steps = 0       # completed steps since history was last cleared
         self._specs = {}              # path -> first value (fixes the column's dtype, shape)
+        self._paths_of = {}           # treedef of appended data -> its leaves' paths
+        self._history = None          # the cached `history` nest
+        self._item_paths = {}         # treedef of a trajectory -> its leaves' path strings
         self._open = None             # the open step's {path: ref} (after a partial append)
         self._tables = {}             # engine name -> _writing.TableRows
         self._pending = _writing.PendingItems()
@@ -215,10 +223,16 @@ class TrajectoryWriter:
           ValueError: a field is set twice in the same (open) step.
         """
         self._check_open()
-        leaves_with_paths = _flatten_with_paths(data)
+        leaves, treedef = specs.flatten(data)
+        paths = self._paths_of.get(treedef)
+        if paths is None:  # a structure not seen before: it may add fields
+            paths = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
+            self._root = _merge_structure(self._root, data)
+            self._paths_of[treedef] = paths
+            self._history = None
         step = self._open if self._open is not None else {}
         converted = []
-        for path, leaf in leaves_with_paths:
+        for path, leaf in zip(paths, leaves):
             if path in step:
                 raise ValueError(
                     f"Field {path} has already been set in the active step by previous "
@@ -226,12 +240,15 @@ class TrajectoryWriter:
                     f"{leaf!r}")
             converted.append((path, self._convert(path, leaf)))
         uid = self._current_uid()
-        self._record_structure(data)
+        if self._root is None:  # history was cleared since this structure was seen
+            self._root = _merge_structure(None, data)
         for path, value in converted:
             column = self._columns.get(path)
             if column is None:
                 keep = self._column_keep.get(path, self._keep)
                 column = self._columns[path] = _ColumnHistory(path, keep, self._history_steps)
+                self._root = _merge_structure(self._root, data)
+                self._history = None
             column.extend_to(self._history_steps)
             self._specs.setdefault(path, value)
             ref = _writing.StepRef(uid, self._episode, path, value)
@@ -244,8 +261,10 @@ class TrajectoryWriter:
         self._episode_steps += 1
         self._history_steps += 1
         self._next_uid = None
+        steps = self._history_steps
         for column in self._columns.values():
-            column.extend_to(self._history_steps)
+            if column.start + len(column.refs) < steps:
+                column.extend_to(steps)
         if self._pending:
             self._pending.drain(0.0)
         if self._episode_steps % 256 == 0:
@@ -278,9 +297,6 @@ class TrajectoryWriter:
                 "boolean dtype.")
         return value
 
-    def _record_structure(self, data):
-        self._root = _merge_structure(self._root, data)
-
     # --- history ------------------------------------------------------------------------
 
     @property
@@ -293,7 +309,9 @@ class TrajectoryWriter:
         """
         if self._root is None:
             raise RuntimeError("history is not available before the first append.")
-        return _build_history(self._root, (), self._columns)
+        if self._history is None:
+            self._history = _build_history(self._root, (), self._columns)
+        return self._history
 
     @property
     def episode_steps(self) -> int:
@@ -353,11 +371,14 @@ class TrajectoryWriter:
                 raise TypeError(
                     f"create_item: every leaf of the trajectory must be a TrajectoryColumn, "
                     f"got {type(leaf).__name__}.")
-        paths = specs.path_strings(treedef)
+        paths = self._item_paths.get(treedef)
+        if paths is None:
+            paths = self._item_paths[treedef] = specs.path_strings(treedef)
         columns = []
-        episodes = set()
+        episode = None
+        mixed = False
         for leaf, path in zip(leaves, paths):
-            refs = list(leaf)
+            refs = leaf._refs
             if not refs:
                 raise ValueError(f"create_item: column {path} is empty.")
             for ref in refs:
@@ -365,19 +386,18 @@ class TrajectoryWriter:
                     raise ValueError(
                         f"create_item: column {path} references a step older than "
                         "num_keep_alive_refs (expired).")
-                episodes.add(ref.episode)
-            columns.append(_writing.ItemColumn(refs, leaf.is_squeezed))
-        if len(episodes) > 1:
+                if ref.episode != episode:
+                    mixed = episode is not None
+                    episode = ref.episode
+            columns.append(_writing.ItemColumn(refs, leaf._squeeze))
+        if mixed:
             raise ValueError(
                 "create_item: the trajectory's references span an episode boundary "
                 "(an item never crosses end_episode).")
         rows = self._rows(table)
-        prio = _check_priority(rows.engine, priority)
-        proposal = _writing.validate_item(rows.engine, treedef, columns, paths)
-        if proposal is not None:
-            rows.engine.define_storage(proposal)
-            _writing.validate_item(rows.engine, treedef, columns, paths)
-        self._pending.add(rows, columns, prio)
+        prio = _writing.check_priority(rows.engine, priority)
+        plan = _writing.plan_item(rows, treedef, columns, paths)
+        self._pending.add(rows, plan, columns, prio)
 
     def _rows(self, table: str):
         rows = self._tables.get(table)
@@ -393,7 +413,7 @@ class TrajectoryWriter:
                 if ref is not None:
                     oldest = ref.uid if oldest is None else min(oldest, ref.uid)
                     break
-        for _, columns, _ in self._pending.items:
+        for _, _, columns, _ in self._pending.items:
             for column in columns:
                 for ref in column.refs:
                     oldest = ref.uid if oldest is None else min(oldest, ref.uid)
@@ -441,6 +461,7 @@ class TrajectoryWriter:
                     column.expire_all()
                 self._columns = {}
                 self._root = None
+                self._history = None
                 self._history_steps = 0
             self._forget_old_rows()
 
@@ -473,16 +494,6 @@ class TrajectoryWriter:
 
     def __del__(self):
         self._closed = True
-
-
-def _check_priority(engine, priority) -> float:
-    from shmreplay.client import _check_priorities
-    return float(_check_priorities(engine, priority, 1)[0])
-
-
-def _flatten_with_paths(data):
-    paths, leaves, _ = specs.optree.tree_flatten_with_path(data, none_is_leaf=False)
-    return list(zip((tuple(p) for p in paths), leaves))
 
 
 # --- the structure of `history` --------------------------------------------------------

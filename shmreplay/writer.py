@@ -174,18 +174,14 @@ class Writer:
                 f"num_timesteps ({num_timesteps}) is more than the {len(self._steps)} "
                 "step(s) appended.")
         rows = self._rows(table)
-        from shmreplay.trajectory_writer import _check_priority
-        prio = _check_priority(rows.engine, priority)
+        prio = _writing.check_priority(rows.engine, priority)
         steps = list(itertools.islice(self._steps, len(self._steps) - int(num_timesteps), None))
         columns = [_writing.ItemColumn([step[i] for step in steps], False)
                    for i in range(len(self._paths))]
-        proposal = _writing.validate_item(rows.engine, self._treedef, columns, self._paths)
-        if proposal is not None:
-            rows.engine.define_storage(proposal)
-            _writing.validate_item(rows.engine, self._treedef, columns, self._paths)
+        plan = _writing.plan_item(rows, self._treedef, columns, self._paths)
         if self._max_in_flight is not None and len(self._pending) >= self._max_in_flight:
             self._pending.drain(None, leave=self._max_in_flight - 1)  # room for this one
-        self._pending.add(rows, columns, prio)
+        self._pending.add(rows, plan, columns, prio)
 
     def _rows(self, table):
         rows = self._tables.get(table)
@@ -195,7 +191,7 @@ class Writer:
 
     def _forget_old_rows(self):
         oldest = self._steps[0][0].uid if self._steps else next(self._uids)
-        for _, columns, _ in self._pending.items:
+        for _, _, columns, _ in self._pending.items:
             oldest = min(oldest, columns[0].refs[0].uid)
         for rows in self._tables.values():
             rows.forget_before(oldest)

@@ -106,6 +106,7 @@ class TableEngine:
         ctrl[L.C_NEXT_ID] = 1
         ctrl[L.C_HEAD] = -1
         ctrl[L.C_FREE_HEAD] = -1
+        ctrl[L.C_ROW_FREE_HEAD] = -1
         ctrl[L.C_TAIL] = -1
         fctrl[L.F_SAMPLES_PER_INSERT] = limiter.samples_per_insert
         fctrl[L.F_MIN_DIFF] = limiter.min_diff
@@ -413,6 +414,10 @@ class TableEngine:
         See ``kernels.reserve_item``. Returns ``(slot, rows, fresh)``: the row of each
         distinct step, and whether it is new (to be written by the caller).
         """
+        if ref_steps.shape[0] != self.refs.shape[1] or not 0 < known_rows.shape[0] <= len(ref_steps):
+            raise ValueError(f"Table '{self.name}': an item of step storage needs "
+                             f"{self.refs.shape[1]} references (got {ref_steps.shape[0]}) over "
+                             f"1..{ref_steps.shape[0]} distinct steps (got {known_rows.shape[0]}).")
         distinct = known_rows.shape[0]
         rows = np.empty(distinct, np.int64)
         fresh = np.empty(distinct, np.int64)

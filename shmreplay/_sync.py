@@ -9,16 +9,21 @@ The protocol
   operation, no Python between lock and unlock), never around a bulk data copy, and
   never together with another table's lock (so there is no lock order to get wrong).
 * **Item data is copied outside the lock.** Inserts reserve slots (state WRITING),
-  copy, then commit (state READY). Samples draw slots and record each slot's
-  ``version`` under the lock, copy, then re-check the versions (a seqlock): a slot that
-  was evicted and rewritten during the copy is drawn again, so no torn item escapes.
+  and for sequence items the step rows they reference (pinning rows that already hold
+  a step, taking free rows for new ones), copy, then commit (state READY). Samples
+  draw slots and record each slot's ``version`` and its rows' generations under the
+  lock, copy, then re-check them (a seqlock): an item evicted and overwritten during
+  the copy is drawn again, so no torn item escapes. An item the sample itself deletes
+  (``max_times_sampled``) keeps its slot DRAINING until the sampler has copied it, so
+  that case needs no redraw (which would lose a queue's item).
 * **Dead holder.** The kernel releases a robust mutex when its holder dies, and the
   next locker gets ``EOWNERDEAD``. That locker rebuilds every derived structure from
   the slot states (which are written last, so they are always meaningful), marks the
   mutex consistent and goes on. Nobody waits for a dead process.
 * **Dead writer.** A writer that dies between reserve and commit leaves WRITING slots
-  stamped with its pid. A blocked inserter (and ``verify``) checks those pids and frees
-  the slots of dead writers (``reclaim``), so their reservation never starves others.
+  stamped with its pid (a sampler, DRAINING slots). A blocked inserter (and ``verify``)
+  checks those pids and frees the slots of dead processes (``reclaim``), with their
+  row references, so their reservation never starves others.
 * **Waiting never spins.** A call that the rate limiter blocks registers as a waiter
   and sleeps on a futex word (``C_ITEMS_SEQ`` for samplers, ``C_SPACE_SEQ`` for
   inserters) with the sequence value it read under the lock, so a change made after it

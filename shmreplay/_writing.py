@@ -24,6 +24,7 @@ from shmreplay._kernels import table as kernels
 _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
 _NO_ROW = -1
+_UNKNOWN = object()
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
@@ -57,22 +58,21 @@ class StepRef:
 
 
 class ItemColumn:
-    """One column of an item: the step references it reads, and whether it is squeezed."""
+    """One column of an item: the step references it reads, whether it is squeezed, and
+    its source: the writer field all its references read (None if they differ)."""
 
-    __slots__ = ("refs", "squeeze")
+    __slots__ = ("refs", "squeeze", "source")
 
-    def __init__(self, refs: List[StepRef], squeeze: bool):
+    def __init__(self, refs: List[StepRef], squeeze: bool, source=_UNKNOWN):
         self.refs = refs
         self.squeeze = squeeze
-
-
-def column_source(column: ItemColumn):
-    """The writer field every reference of the column reads, or None if they differ."""
-    path = column.refs[0].path
-    for ref in column.refs:
-        if ref.path != path:
-            return None
-    return path
+        if source is _UNKNOWN:
+            source = refs[0].path
+            for ref in refs:
+                if ref.path != source:
+                    source = None
+                    break
+        self.source = source
 
 
 def check_column(column: ItemColumn, table: str, where: str):
@@ -127,7 +127,7 @@ class ItemPlan:
         self.columns = []
         if self.steps:
             for column, stored in zip(columns, storage.columns):
-                source = column_source(column)
+                source = column.source
                 shared = source is not None and storage.store_sources[stored.store] == source
                 self.columns.append((stored.store, shared))
 
@@ -143,7 +143,7 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
     Raises:
       SchemaError: if the item's structure, shapes or dtypes differ from the table's.
     """
-    sources = tuple(column_source(c) for c in columns)
+    sources = tuple(c.source for c in columns)
     key = (treedef, sources, tuple((len(c.refs), c.squeeze) for c in columns))
     plan = rows.plans.get(key)
     if plan is not None:
@@ -195,7 +195,7 @@ def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str]):
     signature = specs.optree.tree_unflatten(treedef, got)
     return _storage.step_storage(signature, cells, [len(c.refs) for c in columns],
                                  [c.squeeze for c in columns],
-                                 [column_source(c) for c in columns])
+                                 [c.source for c in columns])
 
 
 def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
@@ -209,72 +209,97 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     if not plan.steps:
         return _insert_whole(engine, columns, priority, timeout)
     # The item's distinct steps: a shared column's steps by uid (rows other items may
-    # hold already), a private column's steps each on a new row.
+    # hold already), a private column's steps each on a new row. ``writes`` lists the
+    # values to copy if every row the writer remembers still holds its step.
+    entries = rows.entries
     steps = {}
     ref_steps = []
-    for (_, shared), column in zip(plan.columns, columns):
+    writes = []
+    for (store, shared), column in zip(plan.columns, columns):
         if shared:
-            for ref in column.refs:
-                step = steps.get(ref.uid)
-                if step is None:
-                    step = steps[ref.uid] = len(steps)
-                ref_steps.append(step)
-        else:
-            for position in range(len(column.refs)):
-                step = steps[(id(column), position)] = len(steps)
-                ref_steps.append(step)
-    entries = rows.entries
-    known = []
-    gens = []
-    for key in steps:
-        entry = entries.get(key)
-        if entry is None:
-            known.append(_NO_ROW)
-            gens.append(0)
-        else:
-            known.append(entry[0])
-            gens.append(entry[1])
-    known_rows = np.array(known, np.int64)
-    known_gens = np.array(gens, np.int64)
-    ref_steps = np.array(ref_steps, np.int64)
-    distinct = len(known)
-    got_rows = np.empty(distinct, np.int64)
-    fresh = np.empty(distinct, np.int64)
-    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_steps, _PID[0], 0, 0,
-                                got_rows, fresh, _SCRATCH_IO)
-    if slot < 0:
-        slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_steps, timeout)
-    stores = engine.columns
-    updated = {}
-    try:
-        j = 0
-        for (store, shared), column in zip(plan.columns, columns):
             bit = 1 << store
             for ref in column.refs:
-                step = ref_steps[j]
-                j += 1
-                row = int(got_rows[step])
-                if not shared:
-                    stores[store][row] = ref.value
-                    continue
-                entry = updated.get(ref.uid)
-                if entry is None:
-                    if fresh[step]:
-                        entry = [row, int(engine.rows[row, L.R_GEN]), 0]
-                    else:
-                        entry = list(entries[ref.uid])
-                    updated[ref.uid] = entry
-                if not entry[2] & bit:
-                    stores[store][row] = ref.value
-                    entry[2] |= bit
+                uid = ref.uid
+                step = steps.get(uid)
+                if step is None:
+                    step = steps[uid] = len(steps)
+                ref_steps.append(step)
+                entry = entries.get(uid)
+                if entry is None or not entry[2] & bit:
+                    writes.append((step, store, ref))
+        else:
+            for position, ref in enumerate(column.refs):
+                step = steps[(id(column), position)] = len(steps)
+                ref_steps.append(step)
+                writes.append((step, store, ref))
+    distinct = len(steps)
+    known = [_NO_ROW] * (2 * distinct)  # rows, then generations
+    for key, step in steps.items():
+        entry = entries.get(key)
+        if entry is not None:
+            known[step] = entry[0]
+            known[distinct + step] = entry[1]
+    known = np.array(known, np.int64)
+    known_rows, known_gens = known[:distinct], known[distinct:]
+    ref_array = np.array(ref_steps, np.int64)
+    out = np.empty(2 * distinct, np.int64)
+    got_rows, fresh = out[:distinct], out[distinct:]
+    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_array, _PID[0], 0, 0,
+                                got_rows, fresh, _SCRATCH_IO)
+    if slot < 0:
+        slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_array, timeout)
+    got_rows = got_rows.tolist()
+    fresh = fresh.tolist()
+    stores = engine.columns
+    try:
+        if any(fresh[step] for step in range(distinct) if known[step] != _NO_ROW):
+            # A remembered row was freed meanwhile (every item over it removed): that
+            # step is written again, into every store this item needs it in.
+            writes = _all_writes(plan, columns, steps, entries, fresh)
+        for step, store, ref in writes:
+            stores[store][got_rows[step]] = ref.value
+        # What the writer will remember: read while the reservation still holds the
+        # rows (after the commit another writer may evict the item and take them).
+        remember = {}
+        generations = engine.rows
+        for step, store, ref in writes:
+            uid = ref.uid
+            if steps.get(uid) != step:
+                continue  # a private copy, never shared
+            entry = remember.get(uid)
+            if entry is None:
+                row = got_rows[step]
+                old = entries.get(uid)
+                if old is None or old[0] != row or fresh[step]:
+                    entry = [row, int(generations[row, L.R_GEN]), 0]
+                else:
+                    entry = [row, old[1], old[2]]
+                remember[uid] = entry
+            entry[2] |= 1 << store
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)
-    entries.update(updated)
+    entries.update(remember)
     return key
+
+
+def _all_writes(plan, columns, steps, entries, fresh):
+    """Every value the item needs copied, given which rows are new (``fresh``)."""
+    writes = []
+    written = set()
+    for (store, shared), column in zip(plan.columns, columns):
+        bit = 1 << store
+        for position, ref in enumerate(column.refs):
+            step = steps[ref.uid] if shared else steps[(id(column), position)]
+            entry = entries.get(ref.uid) if shared else None
+            if fresh[step] or entry is None or not entry[2] & bit:
+                if (step, store) not in written:
+                    written.add((step, store))
+                    writes.append((step, store, ref))
+    return writes
 
 
 def check_priority(engine, priority) -> float:

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from shmreplay import _buffer, _layout, errors
+from shmreplay import _buffer, _layout, _segment, errors
 from shmreplay._procs import pid_alive
 
 SHM_DIR = "/dev/shm"
@@ -54,13 +54,7 @@ def _owner(name):
 
 
 def _bytes_in_use(name):
-    total = 0
-    for entry in _segments_of(name):
-        try:
-            total += os.stat(os.path.join(SHM_DIR, entry)).st_blocks * 512
-        except OSError:
-            pass
-    return total
+    return sum(_segment.resident_bytes("/" + entry) for entry in _segments_of(name))
 
 
 def cmd_ls(args, out):
@@ -102,6 +96,10 @@ def cmd_info(args, out):
                   f"samples={limiter.sample_stats.completed} deletes={limiter.delete_stats.completed}",
                   file=out)
             engine = client._engine(table)
+            if engine.storage is not None:
+                kind = "steps shared by items" if engine.storage.steps else "whole items"
+                print(f"  storage: {kind}; {info.num_stored_steps} stored, "
+                      f"{info.storage_bytes / 2**20:.1f} MiB in memory", file=out)
             print(f"  can insert now: {engine.can_insert(1)}; can sample now: "
                   f"{engine.can_sample(1)}", file=out)
     return 0

@@ -232,27 +232,49 @@ class TrajectoryWriter:
             self._history = None
         step = self._open if self._open is not None else {}
         converted = []
+        first_values = self._specs
         for path, leaf in zip(paths, leaves):
             if path in step:
                 raise ValueError(
                     f"Field {path} has already been set in the active step by previous "
                     f"(partial) append call and thus must be omitted or set to None but got: "
                     f"{leaf!r}")
-            converted.append((path, self._convert(path, leaf)))
+            kind = type(leaf)
+            if kind is np.ndarray:
+                value = leaf.copy()  # the caller may reuse its array
+            elif kind in _PY_DTYPES:
+                value = np.asarray(leaf, _PY_DTYPES[kind])
+            else:
+                value = np.array(leaf)
+            first = first_values.get(path)
+            if (first is None or value.shape != first.shape
+                    or (value.dtype is not first.dtype and value.dtype != first.dtype)):
+                self._check_value(path, value, first)
+            converted.append((path, value))
         uid = self._current_uid()
         if self._root is None:  # history was cleared since this structure was seen
             self._root = _merge_structure(None, data)
+        columns = self._columns
+        history_steps = self._history_steps
+        episode = self._episode
         for path, value in converted:
-            column = self._columns.get(path)
+            first_values.setdefault(path, value)
+            column = columns.get(path)
             if column is None:
                 keep = self._column_keep.get(path, self._keep)
-                column = self._columns[path] = _ColumnHistory(path, keep, self._history_steps)
+                column = columns[path] = _ColumnHistory(path, keep, history_steps)
                 self._root = _merge_structure(self._root, data)
                 self._history = None
-            column.extend_to(self._history_steps)
-            self._specs.setdefault(path, value)
-            ref = _writing.StepRef(uid, self._episode, path, value)
-            column.push(ref)
+            refs = column.refs
+            if column.start + len(refs) < history_steps:
+                column.extend_to(history_steps)
+            ref = _writing.StepRef(uid, episode, path, value)
+            refs.append(ref)
+            if len(refs) > column.keep:
+                old = refs.popleft()
+                if old is not None:
+                    old.expired = True
+                column.start += 1
             step[path] = ref
         if partial_step:
             self._open = step
@@ -276,12 +298,9 @@ class TrajectoryWriter:
             uid = self._next_uid = next(self._uids)
         return uid
 
-    def _convert(self, path, leaf):
-        if type(leaf) in _PY_DTYPES:
-            value = np.asarray(leaf, _PY_DTYPES[type(leaf)])
-        else:
-            value = np.array(leaf)  # a copy: the caller may reuse its array
-        first = self._specs.get(path)
+    @staticmethod
+    def _check_value(path, value, first):
+        """Raises SchemaError unless ``value`` can be stored as the column's value."""
         if first is not None:
             if value.dtype != first.dtype:
                 raise errors.SchemaError(
@@ -381,6 +400,7 @@ class TrajectoryWriter:
             refs = leaf._refs
             if not refs:
                 raise ValueError(f"create_item: column {path} is empty.")
+            source = refs[0].path
             for ref in refs:
                 if ref.expired:
                     raise ValueError(
@@ -389,7 +409,9 @@ class TrajectoryWriter:
                 if ref.episode != episode:
                     mixed = episode is not None
                     episode = ref.episode
-            columns.append(_writing.ItemColumn(refs, leaf._squeeze))
+                if ref.path != source:
+                    source = None
+            columns.append(_writing.ItemColumn(refs, leaf._squeeze, source))
         if mixed:
             raise ValueError(
                 "create_item: the trajectory's references span an episode boundary "

@@ -143,9 +143,12 @@ class Writer:
             self._first = values
             self._treedef = treedef
             self._paths = specs.path_strings(treedef)
+            # The fields as TrajectoryWriter names them, so that both kinds of writer
+            # feeding one table share its stores.
+            self._fields = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
         uid = next(self._uids)
-        self._steps.append([_writing.StepRef(uid, 0, path, value)
-                            for path, value in zip(self._paths, values)])
+        self._steps.append([_writing.StepRef(uid, 0, field, value)
+                            for field, value in zip(self._fields, values)])
         self._appended += 1
         if self._pending:
             self._pending.drain(0.0)

@@ -40,6 +40,24 @@ def test_ls_info_and_verify_describe_a_live_buffer(buffer_name):
         client.close()
 
 
+def test_info_shows_how_a_table_stores_its_items(buffer_name):
+    tables = [shmreplay.Table(name, selectors.Uniform(), selectors.Fifo(), 100,
+                              rate_limiters.MinSize(1)) for name in ("whole", "steps")]
+    with shmreplay.Server(tables, name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert({"x": np.zeros(4)}, {"whole": 1.0})
+        with client.writer(3) as writer:
+            for t in range(5):
+                writer.append({"x": np.full(4, t)})
+                if t >= 2:
+                    writer.create_item("steps", 3, 1.0)  # 3 items over 5 distinct steps
+        info = _cli("info", buffer_name).stdout
+        assert "storage: whole items; 1 stored" in info
+        assert "storage: steps shared by items; 5 stored" in info
+        assert _cli("verify", buffer_name).stdout.split() == ["whole:", "ok", "steps:", "ok"]
+        client.close()
+
+
 def test_rm_refuses_a_live_owner_unless_forced(buffer_name):
     with _server(buffer_name):
         refused = _cli("rm", buffer_name, check=False)

@@ -993,3 +993,56 @@ def test_items_share_steps_and_evicted_steps_are_reused():
         assert info.num_stored_steps <= stored_before + SEQUENCE
         assert info.storage_bytes <= 1.1 * info.num_stored_steps * step_bytes + metadata
         check_items(200, MAX_ITEMS + 199)
+
+
+# --------------------------------------------------------------------------------------
+# what a writer remembers about rows (regressions found by the multi-process tests)
+# --------------------------------------------------------------------------------------
+
+def test_a_row_taken_over_right_after_commit_is_not_mistaken_for_the_writers_step(monkeypatch):
+    # Writer A commits an item over its step; before A returns, writer B evicts that
+    # item (a table of 1) and takes over its row. A must not remember B's row as
+    # holding its step: A's next item over the same step must read A's value.
+    from shmreplay import _writing
+    with serve(shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 1,
+                               rate_limiters.MinSize(1))) as (server, client):
+        a, b = client.trajectory_writer(2), client.trajectory_writer(2)
+        real = _writing.kernels.commit_one
+        armed = [False]
+
+        def commit_one(*args):
+            key = real(*args)
+            if armed[0]:
+                armed[0] = False
+                for value in (222.0, 333.0):  # the first evicts A's item, the second reuses its row
+                    b.append({"x": np.float64(value)})
+                    b.create_item("t", 1.0, {"x": b.history["x"][-1:]})
+            return key
+
+        monkeypatch.setattr(_writing.kernels, "commit_one", commit_one)
+        a.append({"x": np.float64(111.0)})
+        armed[0] = True
+        a.create_item("t", 1.0, {"x": a.history["x"][-1:]})
+        a.create_item("t", 1.0, {"x": a.history["x"][-1:]})
+        assert client.sample_batch("t", 1, timeout=1).data["x"].tolist() == [[111.0]]
+        assert client.verify("t") == []
+        a.close(), b.close()
+
+
+def test_every_field_of_a_new_step_is_remembered():
+    # An item over a new step with two fields writes both fields into the step's row;
+    # the writer must remember both (a white-box check: forgetting one only shows as a
+    # needless second copy, or, with a row taken over, as another writer's data).
+    with serve(shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 10,
+                               rate_limiters.MinSize(1))) as (server, client), \
+            trajectory_writer(client, 2) as writer:
+        writer.append({"a": 1.0, "b": 2})
+        for _ in range(3):
+            writer.create_item("t", 1.0, {"a": writer.history["a"][-1:],
+                                          "b": writer.history["b"][-1:]})
+        info = client.server_info()["t"]
+        assert (info.current_size, info.num_stored_steps) == (3, 1)
+        (row, _, stores_written), = writer._tables["t"].entries.values()
+        assert stores_written == 0b11
+        batch = client.sample_batch("t", 3, timeout=1)
+        assert batch.data["a"].tolist() == [[1.0]] * 3 and batch.data["b"].tolist() == [[2]] * 3

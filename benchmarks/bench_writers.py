@@ -1,0 +1,787 @@
+#!/usr/bin/env python
+"""The writer APIs, per step: shmreplay's writers against cpprb, a raw numpy copy and Reverb.
+
+Two step shapes, each a dict ``{obs, action, reward, discount}``:
+
+* *small*:  obs float32[8], action int64 scalar, reward and discount float32 scalars;
+            tables of ``max_size`` 100_000;
+* *frames*: obs uint8[84,84,4] (Atari-like, four stacked frames), the rest as above;
+            tables of ``max_size`` 10_000.
+
+Cases, each timed as the cost of one environment step (µs):
+
+=========================  ===============================================================
+raw numpy copy (baseline)  every leaf of the step copied into a preallocated ring slot:
+                           ``ring[k][i % N] = step[k]``
+shmreplay Writer, 1-step   ``w = client.writer(3)``; ``w.append(step)`` +
+                           ``w.create_item(table, 1, 1.0)``
+shmreplay Writer, 3-step   the same with ``create_item(table, 3, 1.0)`` (items of 3
+                           overlapping steps: Reverb's tutorial pattern)
+shmreplay TrajectoryWriter ``tw = client.trajectory_writer(3)``; ``tw.append(step)`` +
+                           ``tw.create_item(table, 1.0, {k: tw.history[k][-3:] for k in step})``
+shmreplay Client.insert    ``client.insert(step, {table: 1.0})`` (whole 1-step items; reference)
+cpprb add                  ``ReplayBuffer(N, env_dict).add(**step)``
+cpprb add, next_of         ``ReplayBuffer(..., next_of=("obs",))``; the step plus next_obs
+                           (stored once: cpprb's memory saving for overlapping data)
+cpprb add, stack_compress  frames only: ``next_of=("obs",), stack_compress="obs"``
+cpprb add, Nstep 3         ``ReplayBuffer(..., next_of=("obs",), Nstep={"size": 3,
+                           "rew": "reward", "gamma": 0.99, "next": "next_obs"})``; the step
+                           has ``done`` instead of ``discount`` (cpprb needs it for Nstep)
+Reverb (optional)          ``client.writer(1)`` / ``writer(3)`` / ``trajectory_writer(3)`` /
+                           ``client.insert`` against an in-process ``reverb.Server``
+=========================  ===============================================================
+
+Steps cycle through a pool of 64 precomputed steps (the frames are a sliding window of
+one frame stream, as ``stack_compress`` expects). Every shmreplay table uses
+``Uniform()``, ``Fifo()`` and ``MinSize(1)``, one ``Server`` per step shape named
+``bench-writers-*`` (removed at the end). Before timing, every case runs one pass of
+``max_size`` steps (the buffer is then full and each step evicts the oldest item; that
+first pass, page faults included, is reported as "first pass"), so the timed figures
+are the steady state. Timing is timeit-style as in the other scripts: warm-up, calibrated
+loop, median of repeats with the garbage collector off, repeats of all in-process cases
+interleaved so background load hits them alike.
+
+Reverb needs TensorFlow and numpy < 2, so it runs in its own virtualenv:
+``--reverb-python PATH`` (or ``$REVERB_PYTHON``) runs this script there with
+``--reverb-worker``. Reverb writers stream asynchronously, so a Reverb case is a block of
+steps followed by ``flush()``, divided by the block length. Without it Reverb is "not
+measured here" and the issue's figure (about 290 µs per one-step item) is quoted.
+
+Memory: a fresh writer writes N steps of 3-step overlapping items into an empty table;
+``info.num_stored_steps`` and ``info.storage_bytes`` against N x (bytes of one step).
+
+Targets (the issue): under 20 µs per step for small transitions with all three writer
+patterns; within 2x of the raw numpy copy for frames.
+
+Usage:  python benchmarks/bench_writers.py [--quick] [--libs ...] [--reverb-python PATH]
+Writes: benchmarks/results/writers-<date>.{json,md} (quick: writers-quick.{json,md})
+"""
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+DATASETS = {
+    "small": {"capacity": 100_000, "obs_shape": (8,), "obs_dtype": np.float32},
+    "frames": {"capacity": 10_000, "obs_shape": (84, 84, 4), "obs_dtype": np.uint8},
+}
+POOL = 64
+NUM_KEEP = 3
+SMALL_TARGET_US = 20.0
+FRAMES_TARGET_RATIO = 2.0
+ISSUE_REVERB_US = 290.0
+REVERB_BLOCK = 200
+TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "insert": "insert"}
+LIBS = ("numpy", "shmreplay", "cpprb", "reverb")
+
+# case key -> (library, label), in print order
+CASES = {
+    "raw": ("numpy", "raw numpy copy of the step (baseline)"),
+    "shm_legacy1": ("shmreplay", "shmreplay Writer(3), 1-step items"),
+    "shm_legacy3": ("shmreplay", "shmreplay Writer(3), 3-step items"),
+    "shm_traj3": ("shmreplay", "shmreplay TrajectoryWriter(3), 3-step items"),
+    "shm_insert": ("shmreplay", "shmreplay Client.insert (whole 1-step item)"),
+    "cpprb_add": ("cpprb", "cpprb add"),
+    "cpprb_next_of": ("cpprb", "cpprb add, next_of=obs"),
+    "cpprb_stack": ("cpprb", "cpprb add, next_of + stack_compress=obs"),
+    "cpprb_nstep": ("cpprb", "cpprb add, Nstep=3 + next_of=obs"),
+    "reverb_legacy1": ("reverb", "Reverb Writer(1), 1-step items"),
+    "reverb_legacy3": ("reverb", "Reverb Writer(3), 3-step items"),
+    "reverb_traj3": ("reverb", "Reverb TrajectoryWriter(3), 3-step items"),
+    "reverb_insert": ("reverb", "Reverb Client.insert (1-step item)"),
+}
+SHM_WRITERS = ("shm_legacy1", "shm_legacy3", "shm_traj3")
+
+
+# --------------------------------------------------------------------------- data
+
+def make_pool(rng, ds):
+    """POOL consecutive steps (dicts of numpy leaves) plus each step's next obs."""
+    shape, dtype = ds["obs_shape"], ds["obs_dtype"]
+    if dtype == np.uint8:
+        frames = rng.integers(0, 256, (POOL + shape[-1],) + shape[:-1], dtype=np.uint8)
+        # obs_t = frames t..t+3 stacked on the last axis (a sliding window)
+        obs = np.stack([frames[i:i + POOL + 1] for i in range(shape[-1])], axis=-1)
+        obs = np.ascontiguousarray(obs)
+    else:
+        obs = rng.standard_normal((POOL + 1,) + shape).astype(dtype)
+    steps = []
+    for t in range(POOL):
+        steps.append({"obs": obs[t], "action": np.int64(t % 18),
+                      "reward": np.float32(rng.standard_normal()),
+                      "discount": np.float32(0.99)})
+    next_obs = [obs[t + 1] for t in range(POOL)]
+    return steps, next_obs
+
+
+def step_nbytes(step):
+    return sum(np.asarray(v).nbytes for v in step.values())
+
+
+def rss_bytes():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def cycler(items):
+    return itertools.cycle(items).__next__
+
+
+# --------------------------------------------------------------------------- cases
+
+def raw_case(ds, steps):
+    cap = ds["capacity"]
+    rings = [(k, np.empty((cap,) + np.shape(v), np.asarray(v).dtype))
+             for k, v in steps[0].items()]
+    nxt, count = cycler(steps), itertools.count().__next__
+
+    def raw():
+        step = nxt()
+        i = count() % cap
+        for k, ring in rings:
+            ring[i] = step[k]
+    return raw, None
+
+
+def shm_case(key, client, steps):
+    """Returns ``(fn, closer)``; 3-step cases are primed with two steps."""
+    nxt = cycler(steps)
+    if key == "shm_legacy1":
+        w = client.writer(NUM_KEEP)
+        table = TABLES["legacy1"]
+
+        def legacy1():
+            w.append(nxt())
+            w.create_item(table, 1, 1.0)
+        return legacy1, w.close
+    if key == "shm_legacy3":
+        w = client.writer(NUM_KEEP)
+        table = TABLES["legacy3"]
+        for _ in range(NUM_KEEP - 1):
+            w.append(nxt())
+
+        def legacy3():
+            w.append(nxt())
+            w.create_item(table, 3, 1.0)
+        return legacy3, w.close
+    if key == "shm_traj3":
+        tw = client.trajectory_writer(NUM_KEEP)
+        table = TABLES["traj3"]
+        for _ in range(NUM_KEEP - 1):
+            tw.append(nxt())
+
+        def traj3():
+            step = nxt()
+            tw.append(step)
+            tw.create_item(table, 1.0, {k: tw.history[k][-3:] for k in step})
+        return traj3, tw.close
+    if key == "shm_insert":
+        table = TABLES["insert"]
+        prio = {table: 1.0}
+        insert = client.insert
+
+        def insert_one():
+            insert(nxt(), prio)
+        return insert_one, None
+    raise KeyError(key)
+
+
+def cpprb_case(key, cpprb, ds, steps, next_obs):
+    obs = {"shape": ds["obs_shape"], "dtype": ds["obs_dtype"]}
+    env = {"obs": obs, "action": {"dtype": np.int64}, "reward": {"dtype": np.float32},
+           "discount": {"dtype": np.float32}}
+    cap = ds["capacity"]
+    with_next = [dict(s, next_obs=n) for s, n in zip(steps, next_obs)]
+    if key == "cpprb_add":
+        rb, data = cpprb.ReplayBuffer(cap, env), steps
+    elif key == "cpprb_next_of":
+        rb, data = cpprb.ReplayBuffer(cap, env, next_of=("obs",)), with_next
+    elif key == "cpprb_stack":
+        rb = cpprb.ReplayBuffer(cap, env, next_of=("obs",), stack_compress="obs")
+        data = with_next
+    elif key == "cpprb_nstep":
+        env = {k: v for k, v in env.items() if k != "discount"}
+        env["done"] = {"dtype": np.float32}
+        rb = cpprb.ReplayBuffer(cap, env, next_of=("obs",),
+                                Nstep={"size": 3, "rew": "reward", "gamma": 0.99,
+                                       "next": "next_obs"})
+        data = [{"obs": s["obs"], "next_obs": s["next_obs"], "action": s["action"],
+                 "reward": s["reward"], "done": np.float32(0.0)} for s in with_next]
+    else:
+        raise KeyError(key)
+    nxt, add = cycler(data), rb.add
+
+    def cpprb_add():
+        add(**nxt())
+    return cpprb_add, None
+
+
+# --------------------------------------------------------------------------- Reverb worker
+
+def reverb_worker(args):
+    """Runs inside a virtualenv with dm-reverb; prints one JSON line on stdout."""
+    import importlib.metadata as md
+    out = {"versions": {}, "datasets": {}, "errors": []}
+    for dist in ("dm-reverb", "tensorflow", "tensorflow-cpu", "numpy"):
+        try:
+            out["versions"][dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    import reverb
+    timing = _timing(args.quick)
+    rng = np.random.default_rng(args.seed)
+    block = 20 if args.quick else REVERB_BLOCK
+    for dname in args.datasets.split(","):
+        ds = DATASETS[dname]
+        steps, _ = make_pool(rng, ds)
+        cap = ds["capacity"]
+        fill = min(cap, 500) if args.quick else cap
+        tables = [reverb.Table(name, reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+                               cap, reverb.rate_limiters.MinSize(1))
+                  for name in TABLES.values()]
+        server = reverb.Server(tables=tables)
+        res = {"block": block, "fill_steps": fill, "cases": {}, "first_pass_us": {}}
+        try:
+            client = reverb.Client(f"localhost:{server.port}")
+            fns, closers = {}, []
+            for key in ("reverb_legacy1", "reverb_legacy3", "reverb_traj3", "reverb_insert"):
+                try:
+                    fn, close, fill_fn = _reverb_case(key, client, steps, block)
+                    t0 = time.perf_counter()
+                    fill_fn(fill)
+                    if key != "reverb_insert":  # that table is filled by a writer
+                        res["first_pass_us"][key] = (time.perf_counter() - t0) / fill * 1e6
+                    fn()
+                    fns[key] = fn
+                    closers.append(close)
+                except Exception as exc:  # noqa: BLE001
+                    out["errors"].append({"lib": "reverb", "where": f"{dname} {key}",
+                                          "error": repr(exc),
+                                          "traceback": traceback.format_exc()})
+            timed = C.time_interleaved(fns, **timing)
+            for key, t in timed.items():
+                per = 1 if key == "reverb_insert" else block
+                res["cases"][key] = {"median_us": t["median"] / per * 1e6,
+                                     "best_us": t["best"] / per * 1e6,
+                                     "number": t["number"], "repeat": t["repeat"],
+                                     "steps_per_call": per}
+            info = client.server_info()
+            res["tables"] = {name: {"current_size": int(i.current_size)}
+                             for name, i in info.items()}
+            for close in closers:
+                close()
+        finally:
+            server.stop()
+        out["datasets"][dname] = res
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def _reverb_case(key, client, steps, block):
+    """(timed fn, closer, fill(n)) for one Reverb case."""
+    nxt = cycler(steps)
+    if key in ("reverb_legacy1", "reverb_legacy3"):
+        n = 1 if key == "reverb_legacy1" else 3
+        table = TABLES["legacy1" if n == 1 else "legacy3"]
+        w = client.writer(n)
+        for _ in range(n - 1):
+            w.append(nxt())
+
+        def run(count):
+            for _ in range(count):
+                w.append(nxt())
+                w.create_item(table, n, 1.0)
+            w.flush()
+        return (lambda: run(block)), w.close, run
+    if key == "reverb_traj3":
+        tw = client.trajectory_writer(NUM_KEEP)
+        table = TABLES["traj3"]
+        for _ in range(NUM_KEEP - 1):
+            tw.append(nxt())
+
+        def run(count):
+            for _ in range(count):
+                step = nxt()
+                tw.append(step)
+                tw.create_item(table, 1.0, {k: tw.history[k][-3:] for k in step})
+            tw.flush()
+        return (lambda: run(block)), tw.close, run
+    if key == "reverb_insert":
+        table = TABLES["insert"]
+        prio = {table: 1.0}
+
+        def insert_one():
+            client.insert(nxt(), prio)
+
+        def fill(count):  # fill the table with a writer (insert is slow); same items
+            with client.writer(1) as w:
+                for _ in range(count):
+                    w.append(nxt())
+                    w.create_item(table, 1, 1.0)
+        return insert_one, (lambda: None), fill
+    raise KeyError(key)
+
+
+def run_reverb(python, args, errors):
+    """Runs the Reverb worker in ``python``; returns its JSON, or None."""
+    cmd = [python, os.path.abspath(__file__), "--reverb-worker", "--seed", str(args.seed),
+           "--datasets", args.datasets] + (["--quick"] if args.quick else [])
+    print("Reverb: running", " ".join(cmd), flush=True)
+    with tempfile.TemporaryFile("w+") as err:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                  timeout=1800, env=env)
+        except (OSError, subprocess.SubprocessError) as exc:
+            errors.append({"lib": "reverb", "where": "worker", "error": repr(exc)})
+            print("Reverb worker failed:", exc)
+            return None
+        err.seek(0)
+        tail = err.read()[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        errors.append({"lib": "reverb", "where": "worker",
+                       "error": f"exit {proc.returncode}", "stderr_tail": tail})
+        print(f"Reverb worker exited {proc.returncode}:\n{tail}")
+        return None
+    out = json.loads(lines[-1])
+    errors.extend(out.get("errors", []))
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+def _timing(quick):
+    return (dict(repeat=3, min_time=0.005, warmup=0.02) if quick
+            else dict(repeat=11, min_time=0.1, warmup=0.3))
+
+
+def _record_error(errors, lib, where, exc):
+    tb = traceback.format_exc()
+    print(f"{lib} {where} failed:\n{tb}")
+    errors.append({"lib": lib, "where": where, "error": repr(exc), "traceback": tb})
+
+
+def _table_info(info):
+    return {"current_size": int(info.current_size),
+            "num_stored_steps": int(info.num_stored_steps),
+            "storage_bytes": int(info.storage_bytes)}
+
+
+def run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors):
+    ds = DATASETS[dname]
+    cap = ds["capacity"]
+    fill = min(cap, 1000 if dname == "small" else 200) if args.quick else cap
+    steps, next_obs = make_pool(rng, ds)
+    res = {"capacity": cap, "fill_steps": fill, "step_bytes": step_nbytes(steps[0]),
+           "cases": {}, "first_pass_us": {}, "rss_growth_bytes": {}, "tables": {},
+           "memory": None, "loadavg_before": C.load_average()}
+    print(f"\n== {dname}: obs {ds['obs_dtype'].__name__}{list(ds['obs_shape'])}, "
+          f"max_size {cap}, first pass {fill} steps per case", flush=True)
+
+    keys = []
+    if "numpy" in libs:
+        keys.append("raw")
+    if shm is not None:
+        keys += ["shm_legacy1", "shm_legacy3", "shm_traj3", "shm_insert"]
+    if cpprb is not None:
+        keys += ["cpprb_add", "cpprb_next_of"] + (["cpprb_stack"] if dname == "frames" else [])
+        keys.append("cpprb_nstep")
+
+    server = client = None
+    closers = []
+    fns = {}
+    try:
+        if shm is not None:
+            from shmreplay import rate_limiters, selectors
+            tables = [shm.Table(name, sampler=selectors.Uniform(), remover=selectors.Fifo(),
+                                max_size=cap, rate_limiter=rate_limiters.MinSize(1))
+                      for name in TABLES.values()]
+            try:
+                server = shm.Server(tables=tables, name=f"bench-writers-{dname}-{os.getpid()}")
+                client = shm.Client(server.name)
+            except Exception as exc:  # noqa: BLE001
+                _record_error(errors, "shmreplay", f"{dname} setup", exc)
+                keys = [k for k in keys if not k.startswith("shm_")]
+        with (server if server is not None else _null()):
+            for key in keys:
+                lib = CASES[key][0]
+                try:
+                    rss0 = rss_bytes()
+                    if key == "raw":
+                        fn, close = raw_case(ds, steps)
+                    elif lib == "shmreplay":
+                        fn, close = shm_case(key, client, steps)
+                    else:
+                        fn, close = cpprb_case(key, cpprb, ds, steps, next_obs)
+                    if close is not None:
+                        closers.append(close)
+                    t0 = time.perf_counter()
+                    for _ in itertools.repeat(None, fill):
+                        fn()
+                    res["first_pass_us"][key] = (time.perf_counter() - t0) / fill * 1e6
+                    rss1 = rss_bytes()
+                    if rss0 is not None and rss1 is not None:
+                        res["rss_growth_bytes"][key] = rss1 - rss0
+                    fns[key] = fn
+                except Exception as exc:  # noqa: BLE001 - report, never work around
+                    _record_error(errors, lib, f"{dname} {key}", exc)
+            print("first pass (µs/step): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in res["first_pass_us"].items()), flush=True)
+            if fns:
+                try:
+                    timed = C.time_interleaved(fns, **timing)
+                except Exception as exc:  # noqa: BLE001
+                    _record_error(errors, "/".join(fns), f"{dname} timing", exc)
+                    timed = {}
+                for key, t in timed.items():
+                    res["cases"][key] = {"median_us": t["median"] * 1e6,
+                                         "best_us": t["best"] * 1e6,
+                                         "number": t["number"], "repeat": t["repeat"]}
+                    print(f"  {CASES[key][1]:48s} {t['median'] * 1e6:9.2f} µs/step "
+                          f"(best {t['best'] * 1e6:.2f})", flush=True)
+            if client is not None:
+                try:
+                    info = client.server_info()
+                    res["tables"] = {name: _table_info(i) for name, i in info.items()}
+                    res["memory"] = memory_check(shm, dname, ds, steps, args)
+                except Exception as exc:  # noqa: BLE001
+                    _record_error(errors, "shmreplay", f"{dname} info/memory", exc)
+            for close in closers:
+                try:
+                    close()
+                except Exception as exc:  # noqa: BLE001
+                    _record_error(errors, "shmreplay", f"{dname} writer close", exc)
+            closers = []
+            if client is not None:
+                client.close()
+                client = None
+    finally:
+        if client is not None:
+            client.close()
+        if server is not None:
+            server.stop()  # idempotent; the with block has stopped it already
+    res["loadavg_after"] = C.load_average()
+    return res
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def memory_check(shm, dname, ds, steps, args):
+    """A fresh writer of each kind writes N steps of 3-step overlapping items into an
+    empty table; what the table then stores."""
+    from shmreplay import rate_limiters, selectors
+    cap = ds["capacity"]
+    n = min(cap // 2, 300) if args.quick else cap // 2
+    names = ("mem-legacy3", "mem-traj3")
+    tables = [shm.Table(name, sampler=selectors.Uniform(), remover=selectors.Fifo(),
+                        max_size=cap, rate_limiter=rate_limiters.MinSize(1)) for name in names]
+    out = {"steps": n, "step_bytes": step_nbytes(steps[0])}
+    with shm.Server(tables=tables, name=f"bench-writers-mem-{dname}-{os.getpid()}") as server:
+        with shm.Client(server.name) as client:
+            nxt = cycler(steps)
+            with client.writer(NUM_KEEP) as w:
+                for i in range(n):
+                    w.append(nxt())
+                    if i >= NUM_KEEP - 1:
+                        w.create_item(names[0], 3, 1.0)
+            nxt = cycler(steps)
+            tw = client.trajectory_writer(NUM_KEEP)
+            for i in range(n):
+                step = nxt()
+                tw.append(step)
+                if i >= NUM_KEEP - 1:
+                    tw.create_item(names[1], 1.0, {k: tw.history[k][-3:] for k in step})
+            tw.flush()
+            tw.close()
+            info = client.server_info()
+            for name in names:
+                out[name] = _table_info(info[name])
+    out["n_times_step_bytes"] = n * out["step_bytes"]
+    out["whole_items_bytes"] = (n - NUM_KEEP + 1) * NUM_KEEP * out["step_bytes"]
+    return out
+
+
+def _us(res, key):
+    c = res["cases"].get(key)
+    return c["median_us"] if c else None
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def build_report(info, args, timing, results, reverb, errors):
+    """(markdown, printable text, summary dict)."""
+    md = []
+    text = []
+    targets = {}
+    for dname, res in results.items():
+        if reverb and dname in reverb.get("datasets", {}):
+            rv = reverb["datasets"][dname]
+            for key, c in rv["cases"].items():
+                res["cases"][key] = dict(c, separate_process=True)
+            for key, v in rv["first_pass_us"].items():
+                res["first_pass_us"][key] = v
+        raw = _us(res, "raw")
+        cp = _us(res, "cpprb_add")
+        headers = ["case", "µs/step (median)", "best", "first pass µs/step", "÷ raw copy",
+                   "cpprb add ÷ case"]
+        rows = []
+        for key, (lib, label) in CASES.items():
+            if key not in res["cases"] and key not in res["first_pass_us"]:
+                if lib == "reverb" and key == "reverb_legacy1" and not reverb:
+                    rows.append([label, f"not measured here (issue: ~{ISSUE_REVERB_US:g})",
+                                 "", "", "", ""])
+                continue
+            c = res["cases"].get(key)
+            m = c["median_us"] if c else None
+            rows.append([label, C.fmt_num(m, 2), C.fmt_num(c and c["best_us"], 2),
+                         C.fmt_num(res["first_pass_us"].get(key), 1),
+                         C.fmt_ratio(_div(m, raw)), C.fmt_ratio(_div(cp, m))])
+        ds = DATASETS[dname]
+        title = (f"{dname}: obs {ds['obs_dtype'].__name__}{list(ds['obs_shape'])}, action "
+                 f"int64, reward/discount float32 ({res['step_bytes']} bytes/step); "
+                 f"max_size {res['capacity']}")
+        md += [f"#### {title}", "", C.render_table(headers, rows, markdown=True), ""]
+        text += [title, C.render_table(headers, rows), ""]
+
+        # shmreplay against each cpprb mode
+        cp_keys = [k for k in ("cpprb_add", "cpprb_next_of", "cpprb_stack", "cpprb_nstep")
+                   if k in res["cases"]]
+        shm_keys = [k for k in SHM_WRITERS + ("shm_insert",) if k in res["cases"]]
+        if cp_keys and shm_keys:
+            h2 = ["cpprb µs ÷ shmreplay µs"] + [CASES[k][1].replace("cpprb ", "")
+                                                 for k in cp_keys]
+            r2 = [[CASES[s][1]] + [C.fmt_ratio(_div(_us(res, c), _us(res, s)))
+                                   for c in cp_keys] for s in shm_keys]
+            md += [C.render_table(h2, r2, markdown=True), ""]
+            text += [C.render_table(h2, r2), ""]
+
+        t = {}
+        for key in SHM_WRITERS:
+            m = _us(res, key)
+            if m is None:
+                continue
+            if dname == "small":
+                t[key] = {"us": m, "target": f"< {SMALL_TARGET_US:g} µs",
+                          "met": m < SMALL_TARGET_US}
+            else:
+                r = _div(m, raw)
+                t[key] = {"us": m, "ratio_to_raw": r, "target": f"<= {FRAMES_TARGET_RATIO:g}x raw",
+                          "met": None if r is None else r <= FRAMES_TARGET_RATIO}
+        if args.quick:  # first touches of unfilled tables and rings dominate: no verdict
+            for v in t.values():
+                v["met"] = None
+                v["target"] += " (not judged in quick mode)"
+        targets[dname] = t
+
+        mem = res.get("memory")
+        if mem:
+            h3 = ["table (3-step overlapping items)", "steps written", "items",
+                  "num_stored_steps", "storage_bytes", "N × step bytes", "÷ N × step bytes",
+                  "whole 3-step items would take"]
+            r3 = []
+            for name, label in (("mem-legacy3", "Writer(3), create_item(t, 3)"),
+                                ("mem-traj3", "TrajectoryWriter(3), history[-3:]")):
+                i = mem[name]
+                r3.append([label, mem["steps"], i["current_size"], i["num_stored_steps"],
+                           _mib(i["storage_bytes"]), _mib(mem["n_times_step_bytes"]),
+                           C.fmt_ratio(_div(i["storage_bytes"], mem["n_times_step_bytes"])),
+                           _mib(mem["whole_items_bytes"])])
+            md += [f"Memory ({dname}), fresh table, {mem['steps']} steps, "
+                   f"{mem['step_bytes']} bytes per step:", "",
+                   C.render_table(h3, r3, markdown=True), ""]
+            text += [f"memory ({dname}):", C.render_table(h3, r3), ""]
+        if res.get("tables"):
+            h4 = ["timed table, after the run" + ("" if args.quick else " (full)"), "items",
+                  "num_stored_steps", "storage_bytes", "÷ items × step bytes"]
+            r4 = []
+            for name, i in res["tables"].items():
+                r4.append([name, i["current_size"], i["num_stored_steps"],
+                           _mib(i["storage_bytes"]),
+                           C.fmt_ratio(_div(i["storage_bytes"],
+                                            i["current_size"] * res["step_bytes"]))])
+            if dname == "frames" and res["rss_growth_bytes"]:
+                for key in ("raw", "cpprb_add", "cpprb_next_of", "cpprb_stack", "cpprb_nstep"):
+                    if key in res["rss_growth_bytes"]:
+                        r4.append([f"{CASES[key][1]} (process RSS growth over the first pass)",
+                                   res["fill_steps"], "", _mib(res["rss_growth_bytes"][key]),
+                                   C.fmt_ratio(_div(res["rss_growth_bytes"][key],
+                                                    res["fill_steps"] * res["step_bytes"]))])
+            md += [C.render_table(h4, r4, markdown=True), ""]
+            text += [C.render_table(h4, r4), ""]
+        md += [f"Load average before/after this part: {res['loadavg_before']} / "
+               f"{res['loadavg_after']}", ""]
+
+    lines = []
+    for dname, t in targets.items():
+        for key, v in t.items():
+            val = (f"{v['us']:.1f} µs" if dname == "small"
+                   else f"{C.fmt_ratio(v.get('ratio_to_raw'))} of raw ({v['us']:.1f} µs)")
+            ok = "n/a" if v["met"] is None else ("yes" if v["met"] else "NO")
+            lines.append(f"{dname}, {CASES[key][1]}: {val}; target {v['target']}: {ok}")
+    return md, text, targets, lines
+
+
+def _dirty_files():
+    """Uncommitted changes under shmreplay/ (the working copy is what is measured)."""
+    try:
+        out = subprocess.run(["git", "-C", C.REPO_ROOT, "status", "--porcelain", "--",
+                              "shmreplay"], capture_output=True, text=True, timeout=5)
+        return [ln[3:] for ln in out.stdout.splitlines() if ln.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _mib(n):
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def run(args):
+    timing = _timing(args.quick)
+    libs = [s.strip() for s in args.libs.split(",") if s.strip()]
+    unknown = set(libs) - set(LIBS)
+    if unknown:
+        raise SystemExit(f"unknown --libs {sorted(unknown)}; choose from {LIBS}")
+    rng = np.random.default_rng(args.seed)
+    errors = []
+    shm = cpprb = None
+    if "shmreplay" in libs:
+        shm, why = C.load_shmreplay()
+        if shm is None or not hasattr(shm.Client, "trajectory_writer"):
+            why = why or "shmreplay lacks Client.trajectory_writer"
+            print("shmreplay unavailable:", why)
+            errors.append({"lib": "shmreplay", "where": "import", "error": why})
+            shm = None
+    if "cpprb" in libs:
+        cpprb, why = C.load_cpprb()
+        if cpprb is None:
+            print("cpprb unavailable:", why)
+            errors.append({"lib": "cpprb", "where": "import", "error": why})
+    info = C.machine_info()
+    info["shmreplay_uncommitted"] = _dirty_files()
+    for ln in C.machine_lines(info):
+        print(ln)
+    print(f"shmreplay uncommitted changes measured: {info['shmreplay_uncommitted']}")
+    print(f"mode: {'quick' if args.quick else 'full'}; timing {timing}")
+
+    results = {}
+    for dname in args.datasets.split(","):
+        results[dname] = run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors)
+
+    reverb = None
+    reverb_python = args.reverb_python or os.environ.get("REVERB_PYTHON")
+    reverb_note = (f"Reverb: not measured here (no --reverb-python given); the issue quotes "
+                   f"about {ISSUE_REVERB_US:g} µs per one-step item")
+    if "reverb" in libs and reverb_python:
+        reverb = run_reverb(reverb_python, args, errors)
+        if reverb:
+            v = reverb["versions"]
+            reverb_note = (
+                f"Reverb: dm-reverb {v.get('dm-reverb')}, tensorflow "
+                f"{v.get('tensorflow') or v.get('tensorflow-cpu')}, numpy {v.get('numpy')}, "
+                f"in a separate virtualenv process (not interleaved with the cases above); "
+                f"in-process reverb.Server, client over localhost gRPC; a writer case is a "
+                f"block of {reverb['datasets'][next(iter(reverb['datasets']))]['block']} steps "
+                f"+ flush(), per step; insert fills its table with a writer first; "
+                f"the issue quotes about {ISSUE_REVERB_US:g} µs per one-step item")
+        else:
+            reverb_note = (f"Reverb: the worker failed (see errors); the issue quotes about "
+                           f"{ISSUE_REVERB_US:g} µs per one-step item (not measured here)")
+
+    md_body, text, targets, target_lines = build_report(info, args, timing, results, reverb,
+                                                        errors)
+    print()
+    print("\n".join(text))
+    print("\n".join(target_lines))
+
+    dirty = info.get("shmreplay_uncommitted")
+    notes = [
+        "shmreplay measured as in the working copy"
+        + (f", with uncommitted changes to {', '.join(dirty)}" if dirty else ""),
+        f"mode: {'quick' if args.quick else 'full'}; µs per environment step, median of "
+        f"{timing['repeat']} repeats (loop ≥ {timing['min_time']} s each, GC off), in-process "
+        "cases interleaved; '÷ raw copy' = case / raw numpy copy; 'cpprb add ÷ case' > 1: "
+        "the case is cheaper than cpprb's plain add",
+        "steady state: before timing each case ran one pass of "
+        + ", ".join(f"{d} {r['fill_steps']}" for d, r in results.items())
+        + " steps ('first pass', one measurement, page faults included), so "
+        + ("tables and rings are full and every step evicts the oldest item"
+           if not args.quick else "(quick mode: tables are NOT full)"),
+        "shmreplay: Uniform sampler, Fifo remover, MinSize(1); Writer(3) / "
+        "trajectory_writer(3); cpprb ReplayBuffer (single process, no lock); raw copy: "
+        "ring[i % N] = leaf for each of the 4 leaves",
+        reverb_note,
+    ] + target_lines
+    md = C.markdown_header("Writers: per-step cost of shmreplay's writers, cpprb, raw numpy copy"
+                           + (", Reverb" if reverb else ""), info, notes)
+    md += "\n" + "\n".join(md_body) + "\n"
+    if errors:
+        md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
+                                          for e in errors) + "\n"
+    payload = {"benchmark": "writers", "quick": args.quick, "machine": info,
+               "config": {"datasets": {k: {"capacity": v["capacity"],
+                                           "obs_shape": v["obs_shape"],
+                                           "obs_dtype": v["obs_dtype"].__name__}
+                                       for k, v in DATASETS.items()},
+                          "pool": POOL, "timing": timing, "seed": args.seed,
+                          "targets": {"small_us": SMALL_TARGET_US,
+                                      "frames_ratio_to_raw": FRAMES_TARGET_RATIO}},
+               "cases": {k: {"lib": v[0], "label": v[1]} for k, v in CASES.items()},
+               "results": results,
+               "reverb": reverb if reverb else {"measured": False, "note": reverb_note,
+                                                "issue_figure_us": ISSUE_REVERB_US},
+               "targets": targets, "summary": target_lines, "errors": errors}
+    stem = "writers-quick" if args.quick else f"writers-{info['date'][:10]}"
+    paths = C.write_results(stem, payload, md)
+    print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
+    # Only this script's segments: other processes (a test run) may hold bench-* ones.
+    left = C.leftover_segments("shmreplay.bench-writers-")
+    if left:
+        print(f"WARNING: left in /dev/shm: {left}", file=sys.stderr)
+    return 1 if (errors or left) else 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="few short repeats, tables not filled (a smoke run, a few seconds)")
+    p.add_argument("--libs", default=",".join(LIBS),
+                   help=f"comma-separated subset of {','.join(LIBS)}")
+    p.add_argument("--datasets", default="small,frames", help="small,frames or one of them")
+    p.add_argument("--reverb-python", default=None,
+                   help="python of a virtualenv with dm-reverb (default: $REVERB_PYTHON)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reverb-worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.reverb_worker:
+        return reverb_worker(args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

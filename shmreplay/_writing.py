@@ -120,7 +120,7 @@ class ItemPlan:
     """How items of one shape go into one table: per column, its store and whether its
     steps are shared with other items (the store holds the field the column reads)."""
 
-    __slots__ = ("steps", "columns")
+    __slots__ = ("steps", "columns", "uniform", "full_mask", "_uniform_refs")
 
     def __init__(self, storage, columns: List[ItemColumn]):
         self.steps = storage.steps
@@ -130,9 +130,32 @@ class ItemPlan:
                 source = column.source
                 shared = source is not None and storage.store_sources[stored.store] == source
                 self.columns.append((stored.store, shared))
+        stores = [store for store, _ in self.columns]
+        # Items whose columns all read the same steps, each column from a store of its
+        # own, take a shorter path (``insert_uniform``): every column of a step is
+        # written at once, and the writer remembers the step as complete.
+        self.uniform = (self.steps and all(shared for _, shared in self.columns)
+                        and len(set(stores)) == len(stores))
+        self.full_mask = sum(1 << store for store in stores)
+        self._uniform_refs = {}
+
+    def uniform_refs(self, length: int) -> np.ndarray:
+        """``ref_steps`` of a uniform item of ``length`` steps: each column reads 0..n-1."""
+        refs = self._uniform_refs.get(length)
+        if refs is None:
+            refs = self._uniform_refs[length] = np.tile(
+                np.arange(length, dtype=np.int64), len(self.columns))
+        return refs
 
 
-def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[str]) -> ItemPlan:
+def plan_key(treedef, columns: List[ItemColumn]):
+    """What an item's plan depends on: its structure and, per column, field, length
+    and squeeze (a writer fixes each field's dtype and shape at its first value)."""
+    return treedef, tuple((c.source, len(c.refs), c.squeeze) for c in columns)
+
+
+def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[str],
+              key=None) -> ItemPlan:
     """Validates an item for ``rows.engine`` (defining the table's storage if this is its
     first item) and returns how to store it.
 
@@ -143,8 +166,8 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
     Raises:
       SchemaError: if the item's structure, shapes or dtypes differ from the table's.
     """
-    sources = tuple(c.source for c in columns)
-    key = (treedef, sources, tuple((len(c.refs), c.squeeze) for c in columns))
+    if key is None:
+        key = plan_key(treedef, columns)
     plan = rows.plans.get(key)
     if plan is not None:
         return plan
@@ -154,7 +177,7 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
         engine.define_storage(proposal)
         validate_item(engine, treedef, columns, paths)
     plan = ItemPlan(engine.storage, columns)
-    if None not in sources:  # columns mixing fields are checked every time
+    if all(c.source is not None for c in columns):  # mixed columns: checked every time
         rows.plans[key] = plan
     return plan
 
@@ -208,6 +231,11 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     engine = rows.engine
     if not plan.steps:
         return _insert_whole(engine, columns, priority, timeout)
+    if plan.uniform:
+        uids = [ref.uid for ref in columns[0].refs]
+        if all(len(c.refs) == len(uids) and [r.uid for r in c.refs] == uids
+               for c in columns[1:]):
+            return insert_uniform(rows, plan, columns, uids, priority, timeout)
     # The item's distinct steps: a shared column's steps by uid (rows other items may
     # hold already), a private column's steps each on a new row. ``writes`` lists the
     # values to copy if every row the writer remembers still holds its step.
@@ -286,6 +314,53 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     return key
 
 
+def insert_uniform(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], uids,
+                   priority: float, timeout):
+    """``insert_item`` for a uniform item (``ItemPlan.uniform``): every column reads the
+    steps ``uids``. Returns the new key."""
+    engine = rows.engine
+    entries = rows.entries
+    full = plan.full_mask
+    n = len(uids)
+    known = [_NO_ROW] * (2 * n)  # rows, then generations
+    complete = [False] * n       # the remembered row holds every column of the step
+    for i, uid in enumerate(uids):
+        entry = entries.get(uid)
+        if entry is not None:
+            known[i] = entry[0]
+            known[n + i] = entry[1]
+            complete[i] = entry[2] == full
+    known = np.array(known, np.int64)
+    ref_array = plan.uniform_refs(n)
+    out = np.empty(2 * n, np.int64)
+    got_rows, fresh = out[:n], out[n:]
+    slot = kernels.reserve_item(*engine.arrays, known[:n], known[n:], ref_array, _PID[0], 0, 0,
+                                got_rows, fresh, _SCRATCH_IO)
+    if slot < 0:
+        slot, got_rows, fresh = engine.reserve_item(known[:n], known[n:], ref_array, timeout)
+    got_rows = got_rows.tolist()
+    fresh = fresh.tolist()
+    remember = []
+    try:
+        stores = engine.columns
+        for i in range(n):
+            if complete[i] and not fresh[i]:
+                continue
+            row = got_rows[i]
+            for (store, _), column in zip(plan.columns, columns):
+                stores[store][row] = column.refs[i].value
+            # Read while the reservation holds the row (see ``insert_item``).
+            remember.append((uids[i], [row, int(engine.rows[row, L.R_GEN]), full]))
+    except BaseException:
+        engine.cancel(np.array([slot], np.int64))
+        raise
+    key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
+    if key < 0:
+        engine._raise_status(key)
+    entries.update(remember)
+    return key
+
+
 def _all_writes(plan, columns, steps, entries, fresh):
     """Every value the item needs copied, given which rows are new (``fresh``)."""
     writes = []
@@ -300,6 +375,16 @@ def _all_writes(plan, columns, steps, entries, fresh):
                     written.add((step, store))
                     writes.append((step, store, ref))
     return writes
+
+
+def flat_dict_keys(treedef):
+    """The keys in flattening order if ``treedef`` is a dict of leaves, else None
+    (writers read such steps without flattening them)."""
+    if treedef.kind != specs.optree.PyTreeKind.DICT:
+        return None
+    if any(child.num_nodes != 1 for child in treedef.children()):
+        return None
+    return list(specs.optree.treespec_entries(treedef))
 
 
 def check_priority(engine, priority) -> float:

@@ -20,6 +20,7 @@ import numpy as np
 from shmreplay import _writing, errors, specs
 
 _PY_DTYPES = {bool: np.bool_, int: np.int64, float: np.float64}
+_CONTAINERS = (dict, list, tuple, type(None))  # not leaves (None: a skipped field)
 
 
 class TrajectoryColumn:
@@ -143,10 +144,10 @@ class _ColumnHistory:
 
     def __getitem__(self, index):
         if type(index) is slice:
-            first, stop, stride = index.indices(len(self))
-            if stride == 1 and first >= self.start:  # the usual recent window
-                refs = list(itertools.islice(self.refs, first - self.start,
-                                             max(first, stop) - self.start))
+            start = self.start
+            first, stop, stride = index.indices(start + len(self.refs))
+            if stride == 1 and first >= start:  # the usual recent window
+                refs = list(itertools.islice(self.refs, first - start, max(first, stop) - start))
             else:
                 refs = [self.ref_at(i) for i in range(first, stop, stride)]
             return TrajectoryColumn(refs, path=self.path)
@@ -200,8 +201,9 @@ class TrajectoryWriter:
         self._history_steps = 0       # completed steps since history was last cleared
         self._specs = {}              # path -> first value (fixes the column's dtype, shape)
         self._paths_of = {}           # treedef of appended data -> its leaves' paths
+        self._flat = None             # (keys, paths) when the last step was a flat dict
         self._history = None          # the cached `history` nest
-        self._item_paths = {}         # treedef of a trajectory -> its leaves' path strings
+        self._item_layouts = {}       # a flat dict trajectory's keys -> (keys, treedef, paths)
         self._open = None             # the open step's {path: ref} (after a partial append)
         self._tables = {}             # engine name -> _writing.TableRows
         self._pending = _writing.PendingItems()
@@ -223,13 +225,27 @@ class TrajectoryWriter:
           ValueError: a field is set twice in the same (open) step.
         """
         self._check_open()
-        leaves, treedef = specs.flatten(data)
-        paths = self._paths_of.get(treedef)
-        if paths is None:  # a structure not seen before: it may add fields
-            paths = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
-            self._root = _merge_structure(self._root, data)
-            self._paths_of[treedef] = paths
-            self._history = None
+        leaves = None
+        flat = self._flat
+        if flat is not None and type(data) is dict and len(data) == len(flat[0]):
+            # The same flat dict of leaves as last time: skip flattening.
+            try:
+                leaves = [data[key] for key in flat[0]]
+            except KeyError:
+                leaves = None
+            if leaves is not None and any(isinstance(leaf, _CONTAINERS) for leaf in leaves):
+                leaves = None
+            paths = flat[1]
+        if leaves is None:
+            leaves, treedef = specs.flatten(data)
+            paths = self._paths_of.get(treedef)
+            if paths is None:  # a structure not seen before: it may add fields
+                paths = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
+                self._root = _merge_structure(self._root, data)
+                self._paths_of[treedef] = paths
+                self._history = None
+            keys = _writing.flat_dict_keys(treedef)
+            self._flat = None if keys is None else (keys, paths)
         step = self._open if self._open is not None else {}
         converted = []
         first_values = self._specs
@@ -382,18 +398,28 @@ class TrajectoryWriter:
           InvalidPriorityError / TableNotFoundError / SchemaError: as named.
         """
         self._check_open()
-        leaves, treedef = specs.flatten(trajectory)
+        known = self._item_layouts.get(tuple(trajectory)) if type(trajectory) is dict else None
+        leaves = None
+        if known is not None:  # a dict with the keys of an earlier trajectory
+            keys, treedef, paths = known
+            leaves = [trajectory[key] for key in keys]
+            if not all(type(leaf) is TrajectoryColumn for leaf in leaves):
+                leaves = None  # nested, or invalid: the general path explains
+        if leaves is None:
+            leaves, treedef = specs.flatten(trajectory)
+            paths = specs.path_strings(treedef)
+            keys = _writing.flat_dict_keys(treedef) if type(trajectory) is dict else None
+            if keys is not None:
+                self._item_layouts[tuple(trajectory)] = (keys, treedef, paths)
         if not leaves:
             raise ValueError("create_item: the trajectory is empty.")
         for leaf in leaves:
-            if not isinstance(leaf, TrajectoryColumn):
+            if type(leaf) is not TrajectoryColumn and not isinstance(leaf, TrajectoryColumn):
                 raise TypeError(
                     f"create_item: every leaf of the trajectory must be a TrajectoryColumn, "
                     f"got {type(leaf).__name__}.")
-        paths = self._item_paths.get(treedef)
-        if paths is None:
-            paths = self._item_paths[treedef] = specs.path_strings(treedef)
         columns = []
+        shape = []
         episode = None
         mixed = False
         for leaf, path in zip(leaves, paths):
@@ -412,13 +438,16 @@ class TrajectoryWriter:
                 if ref.path != source:
                     source = None
             columns.append(_writing.ItemColumn(refs, leaf._squeeze, source))
+            shape.append((source, len(refs), leaf._squeeze))
         if mixed:
             raise ValueError(
                 "create_item: the trajectory's references span an episode boundary "
                 "(an item never crosses end_episode).")
         rows = self._rows(table)
         prio = _writing.check_priority(rows.engine, priority)
-        plan = _writing.plan_item(rows, treedef, columns, paths)
+        plan = rows.plans.get((treedef, tuple(shape)))
+        if plan is None:
+            plan = _writing.plan_item(rows, treedef, columns, paths, (treedef, tuple(shape)))
         self._pending.add(rows, plan, columns, prio)
 
     def _rows(self, table: str):

@@ -54,6 +54,9 @@ class Writer:
         self._steps = collections.deque(maxlen=self._max_length)  # each: list of StepRef
         self._treedef = None
         self._paths = None
+        self._fields = None
+        self._flat_keys = None      # sorted keys if steps are flat dicts (the fast path)
+        self._plans = {}            # (table, num_timesteps) -> (TableRows, ItemPlan)
         self._first = None           # the first step's values (fix dtypes and shapes)
         self._uids = itertools.count()
         self._tables = {}
@@ -74,6 +77,31 @@ class Writer:
             first step's (nothing is appended).
         """
         self._check_open()
+        keys = self._flat_keys
+        if keys is not None and type(data) is dict and len(data) == len(keys):
+            # A flat dict like the first step: read it without flattening, copy each
+            # leaf whose dtype and shape match (anything else takes the checked path).
+            values = []
+            try:
+                for key, first in zip(keys, self._first):
+                    leaf = data[key]
+                    if type(leaf) is np.ndarray and leaf.shape == first.shape and (
+                            leaf.dtype is first.dtype or leaf.dtype == first.dtype):
+                        values.append(leaf.copy())
+                    elif isinstance(leaf, _SCALARS) and first.shape == ():
+                        values.append(np.array(leaf, dtype=first.dtype if type(leaf) in
+                                               _PY_SCALARS else None))
+                        if values[-1].dtype != first.dtype:
+                            values = None
+                            break
+                    else:
+                        values = None
+                        break
+            except KeyError:
+                values = None
+            if values is not None:
+                self._push(values, self._treedef)
+                return
         leaves, treedef = specs.flatten(data)
         values = self._convert(leaves, treedef)
         self._push(values, treedef)
@@ -146,6 +174,7 @@ class Writer:
             # The fields as TrajectoryWriter names them, so that both kinds of writer
             # feeding one table share its stores.
             self._fields = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
+            self._flat_keys = _writing.flat_dict_keys(treedef)
         uid = next(self._uids)
         self._steps.append([_writing.StepRef(uid, 0, field, value)
                             for field, value in zip(self._fields, values)])
@@ -176,12 +205,19 @@ class Writer:
             raise ValueError(
                 f"num_timesteps ({num_timesteps}) is more than the {len(self._steps)} "
                 "step(s) appended.")
-        rows = self._rows(table)
-        prio = _writing.check_priority(rows.engine, priority)
-        steps = list(itertools.islice(self._steps, len(self._steps) - int(num_timesteps), None))
-        columns = [_writing.ItemColumn([step[i] for step in steps], False)
-                   for i in range(len(self._paths))]
-        plan = _writing.plan_item(rows, self._treedef, columns, self._paths)
+        num_timesteps = int(num_timesteps)
+        steps = list(itertools.islice(self._steps, len(self._steps) - num_timesteps, None))
+        columns = [_writing.ItemColumn([step[i] for step in steps], False, field)
+                   for i, field in enumerate(self._fields)]
+        planned = self._plans.get((table, num_timesteps))
+        if planned is None:
+            rows = self._rows(table)
+            prio = _writing.check_priority(rows.engine, priority)
+            plan = _writing.plan_item(rows, self._treedef, columns, self._paths)
+            self._plans[(table, num_timesteps)] = (rows, plan)
+        else:
+            rows, plan = planned
+            prio = _writing.check_priority(rows.engine, priority)
         if self._max_in_flight is not None and len(self._pending) >= self._max_in_flight:
             self._pending.drain(None, leave=self._max_in_flight - 1)  # room for this one
         self._pending.add(rows, plan, columns, prio)
@@ -245,5 +281,10 @@ class Writer:
             self.close()
 
 
+_PY_SCALARS = (bool, int, float)
+_SCALARS = (bool, int, float, np.generic)
+
+
 def _is_python_scalar(leaf):
-    return type(leaf) in (bool, int, float)
+    return type(leaf) in _PY_SCALARS
+

@@ -222,8 +222,11 @@ def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str]):
 
 
 def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
-                timeout):
+                timeout, uids=None):
     """Inserts one planned item into ``rows.engine``; returns its key.
+
+    ``uids``: the steps every column reads, when the caller knows they all read the same
+    ones (None: find out).
 
     Raises DeadlineExceededError (nothing inserted) if the rate limiter does not admit
     it within ``timeout`` (0: do not wait).
@@ -232,9 +235,11 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     if not plan.steps:
         return _insert_whole(engine, columns, priority, timeout)
     if plan.uniform:
-        uids = [ref.uid for ref in columns[0].refs]
-        if all(len(c.refs) == len(uids) and [r.uid for r in c.refs] == uids
-               for c in columns[1:]):
+        if uids is None:
+            uids = [ref.uid for ref in columns[0].refs]
+            if not all([r.uid for r in c.refs] == uids for c in columns[1:]):
+                uids = False
+        if uids:
             return insert_uniform(rows, plan, columns, uids, priority, timeout)
     # The item's distinct steps: a shared column's steps by uid (rows other items may
     # hold already), a private column's steps each on a new row. ``writes`` lists the
@@ -422,16 +427,16 @@ class PendingItems:
     def __len__(self):
         return len(self.items)
 
-    def add(self, rows: TableRows, plan: ItemPlan, columns, priority: float):
+    def add(self, rows: TableRows, plan: ItemPlan, columns, priority: float, uids=None):
         """Inserts the item now if it and every earlier one can go in without waiting;
-        otherwise keeps it for later."""
+        otherwise keeps it for later. ``uids``: as in ``insert_item``."""
         if not self.items:
             try:
-                insert_item(rows, plan, columns, priority, 0.0)
+                insert_item(rows, plan, columns, priority, 0.0, uids)
                 return
             except errors.DeadlineExceededError:
                 pass
-        self.items.append((rows, plan, columns, priority))
+        self.items.append((rows, plan, columns, priority, uids))
         self.drain(0.0)
 
     def drain(self, timeout: Optional[float], leave: int = 0):
@@ -442,10 +447,10 @@ class PendingItems:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(self.items) > leave:
-            rows, plan, columns, priority = self.items[0]
+            rows, plan, columns, priority, uids = self.items[0]
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                insert_item(rows, plan, columns, priority, remaining)
+                insert_item(rows, plan, columns, priority, remaining, uids)
             except errors.DeadlineExceededError:
                 return False
             self.items.popleft()

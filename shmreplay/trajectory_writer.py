@@ -37,6 +37,8 @@ class TrajectoryColumn:
         older than ``num_keep_alive_refs``), or ``squeeze`` is set with != 1 reference.
     """
 
+    __slots__ = ("_refs", "_squeeze", "_path")
+
     def __init__(self, data_references, *, squeeze: bool = False, path=None):
         refs = data_references if type(data_references) is list else list(data_references)
         if None in refs:
@@ -420,35 +422,37 @@ class TrajectoryWriter:
                     f"got {type(leaf).__name__}.")
         columns = []
         shape = []
-        episode = None
-        mixed = False
+        episode = leaves[0]._refs[0].episode if leaves[0]._refs else None
+        uids = None      # the steps every column reads, while they all read the same ones
         for leaf, path in zip(leaves, paths):
             refs = leaf._refs
             if not refs:
                 raise ValueError(f"create_item: column {path} is empty.")
             source = refs[0].path
             for ref in refs:
-                if ref.expired:
-                    raise ValueError(
-                        f"create_item: column {path} references a step older than "
-                        "num_keep_alive_refs (expired).")
-                if ref.episode != episode:
-                    mixed = episode is not None
-                    episode = ref.episode
-                if ref.path != source:
+                if ref.expired or ref.episode != episode or ref.path != source:
+                    if ref.expired:
+                        raise ValueError(
+                            f"create_item: column {path} references a step older than "
+                            "num_keep_alive_refs (expired).")
+                    if ref.episode != episode:
+                        raise ValueError(
+                            "create_item: the trajectory's references span an episode "
+                            "boundary (an item never crosses end_episode).")
                     source = None
             columns.append(_writing.ItemColumn(refs, leaf._squeeze, source))
             shape.append((source, len(refs), leaf._squeeze))
-        if mixed:
-            raise ValueError(
-                "create_item: the trajectory's references span an episode boundary "
-                "(an item never crosses end_episode).")
+            column_uids = [ref.uid for ref in refs]
+            if uids is None:
+                uids = column_uids
+            elif uids is not False and column_uids != uids:
+                uids = False
         rows = self._rows(table)
         prio = _writing.check_priority(rows.engine, priority)
         plan = rows.plans.get((treedef, tuple(shape)))
         if plan is None:
             plan = _writing.plan_item(rows, treedef, columns, paths, (treedef, tuple(shape)))
-        self._pending.add(rows, plan, columns, prio)
+        self._pending.add(rows, plan, columns, prio, uids or None)
 
     def _rows(self, table: str):
         rows = self._tables.get(table)
@@ -464,7 +468,7 @@ class TrajectoryWriter:
                 if ref is not None:
                     oldest = ref.uid if oldest is None else min(oldest, ref.uid)
                     break
-        for _, _, columns, _ in self._pending.items:
+        for _, _, columns, _, _ in self._pending.items:
             for column in columns:
                 for ref in column.refs:
                     oldest = ref.uid if oldest is None else min(oldest, ref.uid)

@@ -220,7 +220,8 @@ class Writer:
             prio = _writing.check_priority(rows.engine, priority)
         if self._max_in_flight is not None and len(self._pending) >= self._max_in_flight:
             self._pending.drain(None, leave=self._max_in_flight - 1)  # room for this one
-        self._pending.add(rows, plan, columns, prio)
+        self._pending.add(rows, plan, columns, prio,
+                          [step[0].uid for step in steps])
 
     def _rows(self, table):
         rows = self._tables.get(table)
@@ -230,7 +231,7 @@ class Writer:
 
     def _forget_old_rows(self):
         oldest = self._steps[0][0].uid if self._steps else next(self._uids)
-        for _, _, columns, _ in self._pending.items:
+        for _, _, columns, _, _ in self._pending.items:
             oldest = min(oldest, columns[0].refs[0].uid)
         for rows in self._tables.values():
             rows.forget_before(oldest)

@@ -1,0 +1,142 @@
+"""``shmreplay.jax.BatchIterator``: device placement, prefetch bound, weights, updates, ends.
+
+JAX is imported only in this file.
+"""
+
+import contextlib
+import time
+import uuid
+
+import jax
+import numpy as np
+import pytest
+
+import shmreplay
+from shmreplay import errors, rate_limiters, selectors
+from shmreplay.jax import BatchIterator
+
+
+@contextlib.contextmanager
+def serve(*tables):
+    with shmreplay.Server(list(tables), name=f"test-{uuid.uuid4().hex[:10]}") as server:
+        client = shmreplay.Client(server.name)
+        try:
+            yield client
+        finally:
+            client.close()
+
+
+def prioritized(name="p", max_size=1000, min_size=1):
+    return shmreplay.Table(name, selectors.Prioritized(1.0), selectors.Fifo(), max_size,
+                           rate_limiters.MinSize(min_size))
+
+
+def fill(client, table, n, priorities=None):
+    client.insert_batch({"x": np.arange(n, dtype=np.float32)[:, None] * np.ones(3, np.float32),
+                         "i": np.arange(n)},
+                        {table: np.ones(n) if priorities is None else priorities})
+
+
+def test_batches_are_jax_arrays_on_the_chosen_device_with_the_items_data():
+    device = jax.devices("cpu")[0]
+    with serve(prioritized()) as client:
+        fill(client, "p", 50)
+        with BatchIterator(client, "p", 8, device=device, max_batches=3) as batches:
+            got = list(batches)
+        assert len(got) == 3
+        for batch in got:
+            assert isinstance(batch.data["x"], jax.Array)
+            assert batch.data["x"].shape == (8, 3) and batch.data["x"].dtype == np.float32
+            assert batch.data["x"].devices() == {device}
+            # each row is the item the key names: x == i (broadcast over 3)
+            x, i = np.asarray(batch.data["x"]), np.asarray(batch.data["i"])
+            assert np.array_equal(x, np.repeat(i[:, None].astype(np.float32), 3, axis=1))
+            assert batch.info.key.dtype == np.uint64 and batch.weights is None
+
+
+def test_importance_weights_match_sample_info():
+    with serve(prioritized()) as client:
+        fill(client, "p", 20, priorities=np.arange(1, 21, dtype=np.float64))
+        with BatchIterator(client, "p", 16, importance_beta=0.5, max_batches=1) as batches:
+            batch = next(batches)
+        expected = batch.info.importance_weights(0.5)
+        assert np.allclose(np.asarray(batch.weights), expected)
+        assert float(np.max(np.asarray(batch.weights))) == pytest.approx(1.0)
+
+
+def test_update_priorities_from_a_jax_array():
+    with serve(prioritized()) as client:
+        fill(client, "p", 10)
+        with BatchIterator(client, "p", 10, max_batches=1) as batches:
+            batch = next(batches)
+            keys = batch.info.key
+            td = np.where(np.arange(10) == 0, 9.0, -2.0)  # sign dropped: |td| + epsilon
+            assert batches.update_priorities(keys, jax.numpy.asarray(td), epsilon=1.0) == 10
+        expected = {}
+        for key, error in zip(keys, td):  # a key drawn twice: the last update wins
+            expected[int(key)] = abs(error) + 1.0
+        later = client.sample_batch("p", 200, timeout=1)
+        for key, priority in zip(later.info.key, later.info.priority):
+            assert priority == expected.get(int(key), 1.0)
+
+
+def test_prefetch_takes_at_most_prefetch_batches_ahead():
+    with serve(prioritized()) as client:
+        fill(client, "p", 100)
+        with BatchIterator(client, "p", 4, prefetch=3) as batches:
+            next(batches)
+            time.sleep(0.5)  # let the thread fill its queue
+            sampled = client.server_info()["p"].num_sampled
+            assert sampled == 4 * (1 + 3), sampled  # the delivered one plus 3 ahead
+            next(batches)
+            time.sleep(0.3)
+            assert client.server_info()["p"].num_sampled == 4 * (2 + 3)
+
+
+def test_rate_limiter_timeout_ends_the_iteration():
+    with serve(prioritized(min_size=5)) as client:
+        fill(client, "p", 3)  # below min_size: nothing can be sampled
+        start = time.monotonic()
+        with BatchIterator(client, "p", 2, rate_limiter_timeout_ms=300) as batches:
+            assert list(batches) == []
+        assert 0.25 < time.monotonic() - start < 3.0
+
+
+def test_a_batch_waits_for_credit_until_full():
+    # Queue-like table: each insert allows one sample; the batch of 4 fills as items come.
+    table = shmreplay.Table.queue("q", 10)
+    with serve(table) as client:
+        with BatchIterator(client, "q", 4, max_batches=1) as batches:
+            for value in range(4):
+                time.sleep(0.15)  # longer than the thread's wait slice
+                client.insert({"x": np.float32(value)}, {"q": 1.0}, timeout=1)
+            batch = next(batches)
+        assert np.asarray(batch.data["x"]).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_close_stops_a_thread_blocked_on_an_empty_table():
+    with serve(prioritized()) as client:
+        batches = BatchIterator(client, "p", 2)
+        start = time.monotonic()
+        batches.close()
+        assert time.monotonic() - start < 2.0
+        assert not batches._thread.is_alive()
+        with pytest.raises(StopIteration):
+            next(batches)
+
+
+def test_errors_reach_the_consumer():
+    with serve(prioritized()) as client:
+        with pytest.raises(errors.TableNotFoundError):
+            BatchIterator(client, "nope", 2)
+        for bad in (dict(batch_size=0), dict(batch_size=2, prefetch=0)):
+            with pytest.raises(ValueError):
+                BatchIterator(client, "p", **bad)
+
+
+def test_attach_by_name():
+    with serve(prioritized()) as client:
+        fill(client, "p", 5)
+        with BatchIterator(client.server_address, "p", 5, max_batches=1) as batches:
+            rows = np.asarray(next(batches).data["i"]).tolist()
+        assert len(rows) == 5 and set(rows) <= set(range(5))

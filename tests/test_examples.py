@@ -4,7 +4,7 @@
   exits 0 and leaves nothing in /dev/shm; on Ctrl-C it stops its workers, exits 130 and
   leaves nothing either.
 * Every ```python block of the user docs (``docs/index.md``, ``concepts.md``,
-  ``guide.md``, ``writers.md``, ``migrating-from-reverb.md``) runs. The blocks of one page run in order as
+  ``guide.md``, ``writers.md``, ``learners.md``, ``migrating-from-reverb.md``) runs. The blocks of one page run in order as
   one script (a reader following the page), except a block whose first line names a
   file (``# actors.py``): that one is a complete program and runs on its own.
 """
@@ -155,7 +155,8 @@ def _scripts(page: Path):
 
 # The teaching pages. (docs/api-contract.md is a compact summary, not runnable code.)
 DOC_PAGES = [DOCS / name for name in
-             ("index.md", "concepts.md", "guide.md", "writers.md", "migrating-from-reverb.md")]
+             ("index.md", "concepts.md", "guide.md", "writers.md", "learners.md",
+              "migrating-from-reverb.md")]
 DOC_SCRIPTS = [(page, file_name, source) for page in DOC_PAGES if page.exists()
                for file_name, source in _scripts(page)]
 

@@ -1,0 +1,474 @@
+"""tf.data datasets over shmreplay tables, with Reverb's dataset API.
+
+Import it as ``shmreplay.tf`` (it imports TensorFlow; ``import shmreplay`` does not)::
+
+    from shmreplay import tf as shmreplay_tf
+
+    dataset = shmreplay_tf.TrajectoryDataset.from_table_signature(
+        "my-buffer", "replay", max_in_flight_samples_per_worker=512)
+    for sample in dataset.batch(256).take(10):
+        ...                                       # ReplaySample(info, data), [256, ...]
+
+    # The fast path for training: whole batches straight from ``sample_batch``.
+    dataset = shmreplay_tf.make_dataset("my-buffer", "replay", batch_size=256)
+
+Elements are ``ReplaySample(info, data)`` with Reverb's info dtypes (key uint64,
+probability float64, table_size int64, priority float64, times_sampled int32).
+
+How sampling maps onto tf.data: a worker takes up to
+``max_in_flight_samples_per_worker`` items in one ``sample_batch`` call (the rate limiter
+counts them then, as Reverb's server does) and the dataset hands them out one by one.
+The worker never takes more than ``max_samples`` in all, and waits in short slices so
+that a discarded iterator stops it.
+"""
+
+import time
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from shmreplay import errors, specs
+from shmreplay.client import Client
+from shmreplay.replay_sample import INFO_DTYPES, ReplaySample, SampleInfo
+
+_SLICE = 0.1  # seconds a worker waits at a time, so that tf.data can stop it
+
+__all__ = ["ReplayBuffer", "ReplayDataset", "TimestepDataset", "TrajectoryDataset",
+           "make_dataset"]
+
+
+def _info_spec(batch_shape=()):
+    return SampleInfo(*(tf.TensorSpec(batch_shape, tf.as_dtype(INFO_DTYPES[field]))
+                        for field in SampleInfo._fields))
+
+
+def _data_spec(dtypes, shapes, batch_shape=()):
+    dtypes = _as_tuples(dtypes)
+    shapes = _as_tuples(shapes)
+    try:
+        return specs.optree.tree_map(
+            lambda dtype, shape: tf.TensorSpec(tuple(batch_shape) + tuple(shape),
+                                               tf.as_dtype(dtype)),
+            dtypes, shapes, is_leaf=_is_shape)
+    except ValueError as exc:
+        raise ValueError(f"dtypes and shapes must have the same structure: {exc}") from exc
+
+
+def _is_shape(x):
+    return isinstance(x, (tf.TensorShape,)) or (
+        isinstance(x, tuple) and all(isinstance(d, (int, type(None))) for d in x))
+
+
+def _as_tuples(nest):
+    """Lists become tuples (tf.data treats lists as tensors), as Reverb does."""
+    if isinstance(nest, list):
+        return tuple(_as_tuples(x) for x in nest)
+    if isinstance(nest, tuple) and not hasattr(nest, "_fields"):
+        return tuple(_as_tuples(x) for x in nest)
+    if isinstance(nest, dict):
+        return {k: _as_tuples(v) for k, v in nest.items()}
+    return nest
+
+
+def _check_options(max_in_flight_samples_per_worker, num_workers_per_iterator,
+                   max_samples_per_stream, rate_limiter_timeout_ms, max_samples):
+    if max_in_flight_samples_per_worker < 1:
+        raise ValueError("max_in_flight_samples_per_worker must be >= 1, got "
+                         f"{max_in_flight_samples_per_worker}.")
+    if num_workers_per_iterator < 1 and num_workers_per_iterator != -1:
+        raise ValueError("num_workers_per_iterator must be >= 1 or -1, got "
+                         f"{num_workers_per_iterator}.")
+    if max_samples_per_stream < 1 and max_samples_per_stream != -1:
+        raise ValueError(f"max_samples_per_stream must be >= 1 or -1, got {max_samples_per_stream}.")
+    if rate_limiter_timeout_ms < -1:
+        raise ValueError("rate_limiter_timeout_ms must be an integer >= -1, got "
+                         f"{rate_limiter_timeout_ms}.")
+    if max_samples < 1 and max_samples != -1:
+        raise ValueError(f"max_samples must be >= 1 or -1, got {max_samples}.")
+
+
+class _Worker:
+    """Samples chunks of a table for one tf.data generator (runs in TF's threads)."""
+
+    def __init__(self, server_address, table, chunk, rate_limiter_timeout_ms, max_samples):
+        self.server_address = server_address
+        self.table = table
+        self.chunk = chunk
+        self.timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
+        self.max_samples = max_samples
+
+    def chunks(self):
+        """Yields ``ReplaySample`` s of up to ``chunk`` items until the end (the timeout,
+        or ``max_samples`` taken)."""
+        client = Client(self.server_address)
+        left = self.max_samples
+        try:
+            while left != 0:
+                wanted = self.chunk if left < 0 else min(self.chunk, left)
+                sample = self._take(client, wanted)
+                if sample is None:
+                    return
+                if left > 0:
+                    left -= len(sample.info.key)
+                yield sample
+        finally:
+            client.close()
+
+    def _take(self, client, wanted):
+        """Up to ``wanted`` items (at least one), or None when the timeout ended it."""
+        started = time.monotonic()
+        while True:
+            wait = _SLICE
+            if self.timeout is not None:
+                wait = min(wait, max(0.0, self.timeout - (time.monotonic() - started)))
+            try:
+                return client.sample_batch(self.table, wanted, timeout=wait)
+            except errors.DeadlineExceededError:
+                if self.timeout is not None and time.monotonic() - started >= self.timeout:
+                    return None
+
+
+def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_worker,
+                   num_workers_per_iterator, rate_limiter_timeout_ms, max_samples,
+                   timesteps=False):
+    """A dataset of chunks: ``ReplaySample`` s with a leading dimension (<= the chunk size)
+    and ``data_spec`` after it; with ``timesteps``, sequence items are cut into their
+    timesteps (the info repeated on each)."""
+    workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
+    chunk_spec = ReplaySample(_info_spec((None,)), tf.nest.map_structure(
+        lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
+    ndim = len(tf.nest.flatten(data_spec)[0].shape)
+
+    def generate(index):
+        # Each worker has its own share of max_samples, so together they take exactly
+        # max_samples and no worker takes what another should have.
+        budget = -1
+        if max_samples != -1:
+            budget = max_samples // workers + (1 if int(index) < max_samples % workers else 0)
+            if budget == 0:
+                return
+        worker = _Worker(server_address, table, max_in_flight_samples_per_worker,
+                         rate_limiter_timeout_ms, budget)
+        for sample in worker.chunks():
+            yield _as_timesteps(sample, ndim) if timesteps else sample
+
+    if workers == 1:
+        return tf.data.Dataset.from_generator(generate, args=(0,), output_signature=chunk_spec)
+    return tf.data.Dataset.range(workers).interleave(
+        lambda index: tf.data.Dataset.from_generator(generate, args=(index,),
+                                                     output_signature=chunk_spec),
+        cycle_length=workers, num_parallel_calls=workers, deterministic=False)
+
+
+def _as_timesteps(sample, ndim):
+    """Sequence items ``[k, T, ...]`` as ``k * T`` timesteps; whole items stay as they are."""
+    leaves = specs.optree.tree_leaves(sample.data)
+    if leaves[0].ndim == ndim + 1:  # items without a time dimension: one timestep each
+        return sample
+    length = leaves[0].shape[1]
+    if any(leaf.ndim < 2 or leaf.shape[1] != length for leaf in leaves):
+        raise ValueError("Can't split non timestep trajectory into timesteps.")
+    data = specs.optree.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), sample.data)
+    info = SampleInfo(*(np.repeat(field, length) for field in sample.info))
+    return ReplaySample(info, data)
+
+
+class TrajectoryDataset(tf.data.Dataset):
+    """One element per sampled item, the whole trajectory (Reverb's ``TrajectoryDataset``).
+
+    Args:
+      server_address: The buffer's name.
+      table: The table to sample.
+      dtypes, shapes: Nests describing ``data`` (lists are read as tuples). Shapes are
+        the item's, time dimension included for sequence items.
+      max_in_flight_samples_per_worker: Items one worker takes per ``sample_batch``
+        call (they count as sampled then). Reverb suggests 2-3x the batch size.
+      num_workers_per_iterator: Parallel workers; -1 means 1, which keeps a FIFO
+        table's order.
+      max_samples_per_stream: Accepted for Reverb compatibility (no streams here).
+      rate_limiter_timeout_ms: End the dataset when no item arrives in this many
+        milliseconds; -1 waits forever.
+      max_samples: End after this many items, taking no more than that from the table;
+        -1: never.
+
+    Raises:
+      ValueError: an option is out of range, or ``dtypes`` and ``shapes`` differ in
+        structure.
+    """
+
+    def __init__(self, server_address: str, table: str, dtypes, shapes,
+                 max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
+                 max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1,
+                 max_samples: int = -1):
+        _check_options(max_in_flight_samples_per_worker, num_workers_per_iterator,
+                       max_samples_per_stream, rate_limiter_timeout_ms, max_samples)
+        data_spec = _data_spec(dtypes, shapes)
+        self._dataset = self._build(server_address, table, data_spec,
+                                    max_in_flight_samples_per_worker, num_workers_per_iterator,
+                                    rate_limiter_timeout_ms, max_samples)
+        super().__init__(self._dataset._variant_tensor)
+
+    def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
+               max_samples):
+        return _chunk_dataset(server_address, table, data_spec, max_in_flight, workers,
+                              timeout_ms, max_samples).unbatch()
+
+    @property
+    def element_spec(self):
+        return self._dataset.element_spec
+
+    def _inputs(self):
+        return []
+
+    @classmethod
+    def from_table_signature(cls, server_address: str, table: str,
+                             max_in_flight_samples_per_worker: int,
+                             num_workers_per_iterator: int = -1,
+                             max_samples_per_stream: int = -1,
+                             rate_limiter_timeout_ms: int = -1,
+                             get_signature_timeout_secs: Optional[int] = None,
+                             max_samples: int = -1):
+        """The dataset of a table whose item shapes are known: from its signature, or from
+        the items already in it.
+
+        Raises:
+          ValueError: no such table, or the table has neither a signature nor items.
+        """
+        dtypes, shapes = table_signature(server_address, table, get_signature_timeout_secs)
+        return cls(server_address, table, dtypes, shapes, max_in_flight_samples_per_worker,
+                   num_workers_per_iterator, max_samples_per_stream, rate_limiter_timeout_ms,
+                   max_samples)
+
+
+class TimestepDataset(TrajectoryDataset):
+    """One element per timestep of each sampled item (Reverb's ``TimestepDataset``).
+
+    ``shapes`` are one timestep's (no time dimension). Every column of the table's items
+    must have the same length; items from ``Client.insert`` are one timestep each. The
+    item's ``info`` repeats on each of its timesteps; nothing marks where an item ends
+    (batch by the item length, or use ``TrajectoryDataset``).
+    """
+
+    def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
+               max_samples):
+        # ``max_samples`` counts items, as in Reverb.
+        return _chunk_dataset(server_address, table, data_spec, max_in_flight, workers,
+                              timeout_ms, max_samples, timesteps=True).unbatch()
+
+
+def ReplayDataset(server_address: str, table: str, dtypes, shapes,
+                  max_in_flight_samples_per_worker: int, sequence_length: Optional[int] = None,
+                  emit_timesteps: bool = True, num_workers_per_iterator: int = -1,
+                  max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1):
+    """Reverb's legacy ``ReplayDataset`` (the one its tutorial uses).
+
+    With ``emit_timesteps=True`` one element per timestep (``shapes`` per timestep);
+    otherwise one element per item, whose leaves get a leading ``sequence_length``
+    dimension added to ``shapes``.
+    """
+    if emit_timesteps:
+        return TimestepDataset(server_address, table, dtypes, shapes,
+                               max_in_flight_samples_per_worker, num_workers_per_iterator,
+                               max_samples_per_stream, rate_limiter_timeout_ms)
+    if sequence_length is None:
+        raise ValueError("ReplayDataset: sequence_length is required when emit_timesteps "
+                         "is False.")
+    shapes = specs.optree.tree_map(lambda shape: (sequence_length,) + tuple(shape),
+                                   _as_tuples(shapes), is_leaf=_is_shape)
+    return TrajectoryDataset(server_address, table, dtypes, shapes,
+                             max_in_flight_samples_per_worker, num_workers_per_iterator,
+                             max_samples_per_stream, rate_limiter_timeout_ms)
+
+
+def table_signature(server_address: str, table: str, timeout_secs: Optional[float] = None):
+    """``(dtypes, shapes)`` nests of a table's items (signature, or the first item's).
+
+    Raises:
+      ValueError: no such table, or nothing says what its items look like yet.
+    """
+    client = Client(server_address)
+    try:
+        buffer = client._buffer
+        engine = buffer.by_name.get(table)
+        if engine is None:
+            raise ValueError(
+                f"Server at {server_address} does not contain any table named {table}. "
+                f"Found: {', '.join(sorted(buffer.by_name))}.")
+        layout = engine.known_layout()
+        if layout is None:
+            raise ValueError(f"Table {table} at {server_address} does not have a signature "
+                             "(and no item fixed its shapes yet).")
+        treedef, column_specs, _ = layout
+        dtypes = specs.optree.tree_unflatten(treedef, [s.dtype for s in column_specs])
+        shapes = specs.optree.tree_unflatten(treedef, [tuple(s.shape) for s in column_specs])
+        return dtypes, shapes
+    finally:
+        client.close()
+
+
+def make_dataset(server_address: str, table: str, batch_size: int, *,
+                 prefetch_size: int = 2, num_parallel_calls: int = 1,
+                 rate_limiter_timeout_ms: int = -1, max_batches: int = -1):
+    """A dataset of whole batches, the learner's fast path (Acme's ``make_reverb_dataset``).
+
+    Each element is ``ReplaySample`` with ``[batch_size]`` info fields and
+    ``[batch_size, ...]`` data: one ``Client.sample_batch`` call, no per-item work in
+    tf.data. Shapes come from the table (its signature, or its first item).
+
+    Args:
+      server_address, table: As for the datasets.
+      batch_size: Items per element; every element is full.
+      prefetch_size: Batches prepared ahead of the consumer (they count as sampled when
+        taken). 0: none.
+      num_parallel_calls: Workers sampling batches in parallel. 1 keeps a FIFO table's
+        order (the deterministic mode).
+      rate_limiter_timeout_ms: End when a batch could not be filled for this long.
+      max_batches: End after this many batches (-1: never).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    if num_parallel_calls < 1:
+        raise ValueError(f"num_parallel_calls must be >= 1, got {num_parallel_calls}.")
+    dtypes, shapes = table_signature(server_address, table)
+    spec = ReplaySample(_info_spec((batch_size,)), _data_spec(dtypes, shapes, (batch_size,)))
+    timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
+
+    def batches():
+        client = Client(server_address)
+        taken = 0
+        try:
+            while max_batches < 0 or taken < max_batches:
+                sample = _full_batch(client, table, batch_size, timeout)
+                if sample is None:
+                    return
+                taken += 1
+                yield sample
+        finally:
+            client.close()
+
+    if num_parallel_calls == 1:
+        dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    else:
+        per_worker = -1 if max_batches < 0 else -(-max_batches // num_parallel_calls)
+
+        def worker(_):
+            client = Client(server_address)
+            try:
+                for _ in range(per_worker) if per_worker >= 0 else iter(int, 1):
+                    sample = _full_batch(client, table, batch_size, timeout)
+                    if sample is None:
+                        return
+                    yield sample
+            finally:
+                client.close()
+        dataset = tf.data.Dataset.range(num_parallel_calls).interleave(
+            lambda i: tf.data.Dataset.from_generator(worker, args=(i,), output_signature=spec),
+            cycle_length=num_parallel_calls, num_parallel_calls=num_parallel_calls,
+            deterministic=False)
+        if max_batches >= 0:
+            dataset = dataset.take(max_batches)
+    return dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset
+
+
+def _full_batch(client, table, batch_size, timeout):
+    """A full batch, or None once no row came for ``timeout`` seconds."""
+    parts, have = [], 0
+    last_rows = time.monotonic()
+    while have < batch_size:
+        wait = _SLICE if timeout is None else min(
+            _SLICE, max(0.0, timeout - (time.monotonic() - last_rows)))
+        try:
+            part = client.sample_batch(table, batch_size - have, timeout=wait)
+        except errors.DeadlineExceededError:
+            if timeout is not None and time.monotonic() - last_rows >= timeout:
+                return None
+            continue
+        parts.append(part)
+        have += len(part.info.key)
+        last_rows = time.monotonic()
+    if len(parts) == 1:
+        return parts[0]
+    info = SampleInfo(*(np.concatenate(fields) for fields in zip(*(p.info for p in parts))))
+    data = specs.optree.tree_map(lambda *leaves: np.concatenate(leaves), *(p.data for p in parts))
+    return ReplaySample(info, data)
+
+
+class ReplayBuffer:
+    """A tf_agents-style replay buffer over a shmreplay table (no tf_agents needed).
+
+    Mirrors the parts of ``tf_agents.replay_buffers.ReverbReplayBuffer`` a training
+    loop uses; items are written by actors with ``Client`` or a writer.
+
+    Args:
+      server_address: The buffer's name.
+      table_name: The table.
+    """
+
+    def __init__(self, server_address: str, table_name: str):
+        self._address = server_address
+        self._table = table_name
+        self._client = Client(server_address)
+        self._engine = self._client._engine(table_name)
+
+    @property
+    def capacity(self) -> int:
+        return self._engine.config.max_size
+
+    @property
+    def data_spec(self):
+        dtypes, shapes = table_signature(self._address, self._table)
+        return _data_spec(dtypes, shapes)
+
+    def num_frames(self) -> int:
+        """Items in the table now."""
+        return self._client.server_info()[self._table].current_size
+
+    def get_table_info(self):
+        return self._client.server_info()[self._table]
+
+    def as_dataset(self, sample_batch_size: Optional[int] = None, num_steps: Optional[int] = None,
+                   num_parallel_calls: Optional[int] = None, sequence_preprocess_fn=None,
+                   single_deterministic_pass: bool = False):
+        """Samples as ``(data, info)`` pairs, batched by ``sample_batch_size`` if given.
+
+        ``num_steps`` must be None or match the items' time dimension (items are stored
+        with a fixed length). ``single_deterministic_pass`` samples with one worker and
+        ends when no item arrives within a second (for FIFO / queue tables).
+        """
+        dtypes, shapes = table_signature(self._address, self._table)
+        if num_steps is not None:
+            lengths = {shape[0] if shape else None
+                       for shape in specs.optree.tree_leaves(shapes, is_leaf=_is_shape)}
+            if lengths != {num_steps}:
+                raise ValueError(f"ReplayBuffer.as_dataset: num_steps={num_steps}, but the "
+                                 f"table's items have time dimensions {sorted(map(str, lengths))}.")
+        timeout = 1000 if single_deterministic_pass else -1
+        if sample_batch_size is not None and not single_deterministic_pass:
+            dataset = make_dataset(self._address, self._table, sample_batch_size,
+                                   num_parallel_calls=num_parallel_calls or 1,
+                                   rate_limiter_timeout_ms=timeout)
+        else:
+            workers = 1 if single_deterministic_pass else (num_parallel_calls or -1)
+            dataset = TrajectoryDataset(self._address, self._table, dtypes, shapes,
+                                        max_in_flight_samples_per_worker=2 * (sample_batch_size or 1),
+                                        num_workers_per_iterator=workers,
+                                        rate_limiter_timeout_ms=timeout)
+            if sample_batch_size is not None:
+                dataset = dataset.batch(sample_batch_size, drop_remainder=True)
+        dataset = dataset.map(lambda sample: (sample.data, sample.info))
+        if sequence_preprocess_fn is not None:
+            dataset = dataset.map(lambda data, info: (sequence_preprocess_fn(data), info))
+        return dataset
+
+    def update_priorities(self, keys, priorities):
+        """Sets priorities by key (keys from ``info.key``; numpy or tf tensors)."""
+        return self._client.update_priorities(self._table, np.asarray(keys, np.uint64),
+                                               np.asarray(priorities, np.float64))
+
+    def clear(self):
+        """Removes every item (and resets the table's rate limiter)."""
+        self._client.reset(self._table)
+
+    def close(self):
+        self._client.close()

@@ -1,0 +1,259 @@
+"""``shmreplay.tf``: Reverb's dataset semantics (reference §1.12), the batched fast path,
+and the tf_agents-style buffer. TensorFlow is imported only in this file."""
+
+import contextlib
+import time
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import shmreplay
+from shmreplay import rate_limiters, selectors
+from shmreplay import tf as shmreplay_tf
+from shmreplay.specs import TensorSpec
+
+ITEM = {"x": np.float32, "v": np.int64}
+ITEM_SHAPES = {"x": (), "v": (3,)}
+
+
+@contextlib.contextmanager
+def serve(*tables):
+    with shmreplay.Server(list(tables), name=f"test-{uuid.uuid4().hex[:10]}") as server:
+        client = shmreplay.Client(server.name)
+        try:
+            yield server.name, client
+        finally:
+            client.close()
+
+
+def fill(client, table, values):
+    for value in values:
+        client.insert({"x": np.float32(value), "v": np.arange(3) + value}, {table: 1.0},
+                      timeout=1)
+
+
+def uniform(name="u", max_size=100, min_size=1):
+    return shmreplay.Table(name, selectors.Uniform(), selectors.Fifo(), max_size,
+                           rate_limiters.MinSize(min_size))
+
+
+def trajectory_dataset(name, table, **kwargs):
+    kwargs.setdefault("max_in_flight_samples_per_worker", 2)
+    return shmreplay_tf.TrajectoryDataset(name, table, ITEM, ITEM_SHAPES, **kwargs)
+
+
+# --- TrajectoryDataset ------------------------------------------------------------------
+
+def test_elements_are_replay_samples_with_reverbs_info_dtypes():
+    with serve(uniform()) as (name, client):
+        fill(client, "u", range(5))
+        sample = next(iter(trajectory_dataset(name, "u")))
+        assert isinstance(sample, shmreplay.ReplaySample)
+        assert [f.dtype for f in sample.info] == [tf.uint64, tf.float64, tf.int64, tf.float64,
+                                                  tf.int32]
+        assert sample.data["v"].shape == (3,) and sample.data["v"].dtype == tf.int64
+        x = float(sample.data["x"])
+        assert sample.data["v"].numpy().tolist() == [x, x + 1, x + 2]
+        assert int(sample.info.table_size) == 5 and float(sample.info.probability) == 0.2
+
+
+def test_max_samples_ends_the_dataset_without_over_consuming():
+    # Reverb's test_max_samples: a queue of 10, max_samples=4 leaves 6 items.
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        fill(client, "q", range(10))
+        got = list(trajectory_dataset(name, "q", max_samples=4,
+                                      max_in_flight_samples_per_worker=3).as_numpy_iterator())
+        assert [float(s.data["x"]) for s in got] == [0, 1, 2, 3]
+        assert client.server_info()["q"].current_size == 6
+
+
+def test_fifo_order_is_kept_with_one_worker_and_batching():
+    with serve(shmreplay.Table.queue("q", 20)) as (name, client):
+        fill(client, "q", range(12))
+        dataset = trajectory_dataset(name, "q", rate_limiter_timeout_ms=100).batch(4)
+        assert [b.data["x"].tolist() for b in dataset.as_numpy_iterator()] == [
+            [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize("timeout_ms", [0, 1000])
+def test_rate_limiter_timeout_ends_iteration(timeout_ms):
+    with serve(uniform(min_size=5)) as (name, client):
+        fill(client, "u", range(2))  # below min_size: nothing can be sampled
+        start = time.monotonic()
+        assert list(trajectory_dataset(name, "u", rate_limiter_timeout_ms=timeout_ms)) == []
+        assert timeout_ms / 1000 <= time.monotonic() - start < timeout_ms / 1000 + 2
+
+
+def test_zero_timeout_still_yields_what_is_there():
+    with serve(uniform()) as (name, client):
+        fill(client, "u", range(3))
+        got = list(trajectory_dataset(name, "u", rate_limiter_timeout_ms=0).take(5))
+        assert len(got) == 5
+
+
+def test_parallel_workers_share_max_samples_exactly():
+    with serve(shmreplay.Table.queue("q", 20)) as (name, client):
+        fill(client, "q", range(20))
+        dataset = trajectory_dataset(name, "q", num_workers_per_iterator=3, max_samples=7,
+                                     max_in_flight_samples_per_worker=2)
+        got = sorted(float(s.data["x"]) for s in dataset.as_numpy_iterator())
+        assert got == list(range(7))
+        assert client.server_info()["q"].current_size == 13
+
+
+@pytest.mark.parametrize("bad", [
+    dict(max_in_flight_samples_per_worker=0), dict(num_workers_per_iterator=0),
+    dict(num_workers_per_iterator=-2), dict(max_samples_per_stream=0),
+    dict(rate_limiter_timeout_ms=-2), dict(max_samples=0), dict(max_samples=-2)])
+def test_options_are_validated(bad):
+    with serve(uniform()) as (name, client):
+        with pytest.raises(ValueError):
+            trajectory_dataset(name, "u", **bad)
+
+
+def test_dtypes_and_shapes_must_have_the_same_structure():
+    with serve(uniform()) as (name, client):
+        with pytest.raises(ValueError):
+            shmreplay_tf.TrajectoryDataset(name, "u", {"x": np.float32}, {"y": ()}, 2)
+
+
+def test_from_table_signature():
+    signature = {"x": TensorSpec((), np.float32), "v": TensorSpec((3,), np.int64)}
+    signed = shmreplay.Table("s", selectors.Fifo(), selectors.Fifo(), 10,
+                             rate_limiters.MinSize(1), signature=signature)
+    with serve(signed, uniform("b"), uniform("a")) as (name, client):
+        fill(client, "s", [7])
+        sample = next(iter(shmreplay_tf.TrajectoryDataset.from_table_signature(name, "s", 2)))
+        assert float(sample.data["x"]) == 7
+        with pytest.raises(ValueError, match="does not contain any table named nope. "
+                                             "Found: a, b, s."):
+            shmreplay_tf.TrajectoryDataset.from_table_signature(name, "nope", 2)
+        with pytest.raises(ValueError, match="does not have a signature"):
+            shmreplay_tf.TrajectoryDataset.from_table_signature(name, "a", 2)
+        fill(client, "a", [1])  # the first item fixes the shapes: now they are known
+        assert shmreplay_tf.TrajectoryDataset.from_table_signature(name, "a", 2).element_spec \
+            .data["v"].shape == (3,)
+
+
+def test_sequence_items_and_squeezed_columns():
+    with serve(uniform("t")) as (name, client):
+        with client.trajectory_writer(3) as writer:
+            for t in range(5):
+                writer.append({"o": np.full(2, t, np.float32), "r": np.float32(t)})
+                if t >= 2:
+                    writer.create_item("t", 1.0, {"o": writer.history["o"][-3:],
+                                                  "r": writer.history["r"][-1]})
+        dataset = shmreplay_tf.TrajectoryDataset(
+            name, "t", {"o": np.float32, "r": np.float32}, {"o": (3, 2), "r": ()}, 4)
+        for sample in dataset.take(8).as_numpy_iterator():
+            last = sample.data["r"]
+            assert sample.data["o"][:, 0].tolist() == [last - 2, last - 1, last]
+
+
+# --- TimestepDataset and the legacy ReplayDataset ----------------------------------------
+
+def test_timestep_dataset_cuts_items_into_timesteps_in_order():
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        with client.writer(3) as writer:
+            for t in range(6):
+                writer.append({"o": np.float32(t)})
+                if t % 3 == 2:
+                    writer.create_item("q", 3, 1.0)  # items [0, 1, 2] and [3, 4, 5]
+        dataset = shmreplay_tf.TimestepDataset(name, "q", {"o": np.float32}, {"o": ()}, 2,
+                                               rate_limiter_timeout_ms=100)
+        got = list(dataset.as_numpy_iterator())
+        assert [float(s.data["o"]) for s in got] == [0, 1, 2, 3, 4, 5]
+        keys = [int(s.info.key) for s in got]
+        assert keys[0] == keys[1] == keys[2] != keys[3] == keys[4] == keys[5]
+
+
+def test_timestep_dataset_of_whole_items_is_one_timestep_per_item():
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        fill(client, "q", range(3))
+        dataset = shmreplay_tf.TimestepDataset(name, "q", ITEM, ITEM_SHAPES, 2,
+                                               rate_limiter_timeout_ms=100)
+        assert [float(s.data["x"]) for s in dataset.as_numpy_iterator()] == [0, 1, 2]
+
+
+def test_legacy_replay_dataset_as_in_reverbs_tutorial():
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        with client.writer(2) as writer:
+            for t in range(4):
+                writer.append({"o": np.float32(t)})
+                if t % 2 == 1:
+                    writer.create_item("q", 2, 1.0)
+        # One item in flight: take(1) consumes exactly one item of the queue (a worker
+        # takes max_in_flight_samples_per_worker items at a time, as Reverb's do).
+        per_item = shmreplay_tf.ReplayDataset(name, "q", {"o": tf.float32}, {"o": []}, 1,
+                                              sequence_length=2, emit_timesteps=False,
+                                              rate_limiter_timeout_ms=100)
+        assert [s.data["o"].tolist() for s in per_item.take(1).as_numpy_iterator()] == [[0, 1]]
+        per_step = shmreplay_tf.ReplayDataset(name, "q", {"o": tf.float32}, {"o": []}, 2,
+                                              rate_limiter_timeout_ms=100)
+        assert [float(s.data["o"]) for s in per_step.as_numpy_iterator()] == [2, 3]
+        with pytest.raises(ValueError, match="sequence_length"):
+            shmreplay_tf.ReplayDataset(name, "q", {"o": tf.float32}, {"o": []}, 2,
+                                       emit_timesteps=False)
+
+
+# --- make_dataset: whole batches ------------------------------------------------------------
+
+def test_make_dataset_yields_full_batches_in_fifo_order():
+    with serve(shmreplay.Table.queue("q", 20)) as (name, client):
+        fill(client, "q", range(10))
+        dataset = shmreplay_tf.make_dataset(name, "q", batch_size=4, prefetch_size=0,
+                                            rate_limiter_timeout_ms=100)
+        assert dataset.element_spec.data["v"].shape == (4, 3)
+        got = [b.data["x"].tolist() for b in dataset.as_numpy_iterator()]
+        assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the last 2 items never fill a batch
+        assert client.server_info()["q"].current_size == 0
+
+
+def test_make_dataset_parallel_workers_and_max_batches():
+    with serve(uniform()) as (name, client):
+        fill(client, "u", range(10))
+        dataset = shmreplay_tf.make_dataset(name, "u", batch_size=8, num_parallel_calls=2,
+                                            max_batches=5)
+        batches = list(dataset.as_numpy_iterator())
+        assert len(batches) == 5
+        assert all(b.info.key.shape == (8,) and b.info.key.dtype == np.uint64 for b in batches)
+
+
+# --- the tf_agents-style buffer --------------------------------------------------------------
+
+def test_tf_agents_style_replay_buffer():
+    with serve(shmreplay.Table("p", selectors.Prioritized(1.0), selectors.Fifo(), 50,
+                               rate_limiters.MinSize(1))) as (name, client):
+        fill(client, "p", range(10))
+        buffer = shmreplay_tf.ReplayBuffer(name, "p")
+        try:
+            assert buffer.capacity == 50 and buffer.num_frames() == 10
+            assert buffer.get_table_info().current_size == 10
+            data, info = next(iter(buffer.as_dataset(sample_batch_size=4)))
+            assert data["v"].shape == (4, 3) and info.key.shape == (4,)
+            with pytest.raises(ValueError, match="num_steps"):
+                buffer.as_dataset(sample_batch_size=4, num_steps=2)
+            assert buffer.update_priorities(info.key, tf.constant([5.0] * 4)) == 4
+            later = client.sample_batch("p", 200, timeout=1)
+            updated = set(info.key.numpy().tolist())
+            assert {float(p) for k, p in zip(later.info.key, later.info.priority)
+                    if int(k) in updated} == {5.0}
+            buffer.clear()
+            assert buffer.num_frames() == 0
+        finally:
+            buffer.close()
+
+
+def test_tf_agents_style_single_deterministic_pass():
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        fill(client, "q", range(6))
+        buffer = shmreplay_tf.ReplayBuffer(name, "q")
+        try:
+            got = [d["x"].tolist() for d, _ in
+                   buffer.as_dataset(sample_batch_size=3, single_deterministic_pass=True)
+                   .as_numpy_iterator()]
+            assert got == [[0, 1, 2], [3, 4, 5]]
+        finally:
+            buffer.close()

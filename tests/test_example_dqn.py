@@ -1,4 +1,5 @@
-"""``examples/jax_dqn.py``, shortened: actor processes and a JAX learner learn CartPole.
+"""``examples/jax_dqn.py`` and ``tf_dqn.py``, shortened: actor processes and a JAX or a
+TensorFlow learner learn CartPole.
 
 Runs the example as a user would (a subprocess, real processes attaching by name) and
 checks that it trains: the average return of the last 20 episodes rises well above a
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "jax_dqn.py"
+EXAMPLES = ROOT / "examples"
 RANDOM_POLICY_RETURN = 22
 
 # time, env steps, episodes, return, items/s, samples/s, learner steps
@@ -28,9 +29,11 @@ def _number(text):
 
 
 @pytest.mark.slow
-def test_jax_dqn_example_learns_cartpole_and_cleans_up():
-    name = f"test-jaxdqn-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--seconds", "45", "--name", name],
+@pytest.mark.parametrize("example", ["jax_dqn.py", "tf_dqn.py"])
+def test_dqn_example_learns_cartpole_and_cleans_up(example):
+    name = f"test-dqn-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run([sys.executable, str(EXAMPLES / example), "--seconds", "45",
+                           "--name", name],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output

@@ -49,3 +49,12 @@ def compiled_kernels():
     """
     import _mp_workers
     _mp_workers.warm_kernels()
+
+
+# JAX and TensorFlow start threads once used; a process with such threads must not
+# fork (the fork tests of test_lifecycle do), so the tests that use them run last.
+_LAST = ("test_jax.py", "test_tf_datasets.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.path.name in _LAST)  # stable: order kept otherwise

@@ -307,8 +307,9 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
         client.close()
 
 
-def make_dataset(server_address: str, table: str, batch_size: int, *,
-                 prefetch_size: int = 2, num_parallel_calls: int = 1,
+def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
+                 prefetch_size: int = 2, sequence_length: Optional[int] = None,
+                 num_parallel_calls: int = 1, deterministic: bool = True,
                  rate_limiter_timeout_ms: int = -1, max_batches: int = -1):
     """A dataset of whole batches, the learner's fast path (Acme's ``make_reverb_dataset``).
 
@@ -318,19 +319,39 @@ def make_dataset(server_address: str, table: str, batch_size: int, *,
 
     Args:
       server_address, table: As for the datasets.
-      batch_size: Items per element; every element is full.
+      batch_size: Items per element; every element is full. None: one item per element
+        (a ``TrajectoryDataset``).
       prefetch_size: Batches prepared ahead of the consumer (they count as sampled when
         taken). 0: none.
+      sequence_length: If given, the items' time dimension, checked against the table
+        (every column that has one).
       num_parallel_calls: Workers sampling batches in parallel. 1 keeps a FIFO table's
-        order (the deterministic mode).
+        order (the deterministic single-worker mode).
+      deterministic: With several workers, take their batches in a fixed rotation
+        (True) or as they come (False, faster).
       rate_limiter_timeout_ms: End when a batch could not be filled for this long.
       max_batches: End after this many batches (-1: never).
+
+    Raises:
+      ValueError: an argument is out of range, or ``sequence_length`` does not match.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be None or >= 1, got {batch_size}.")
     if num_parallel_calls < 1:
         raise ValueError(f"num_parallel_calls must be >= 1, got {num_parallel_calls}.")
     dtypes, shapes = table_signature(server_address, table)
+    if sequence_length is not None:
+        lengths = {shape[0] for shape in specs.optree.tree_leaves(shapes, is_leaf=_is_shape)
+                   if shape}
+        if lengths != {sequence_length}:
+            raise ValueError(
+                f"make_dataset: sequence_length={sequence_length}, but table '{table}' holds "
+                f"items whose leading dimensions are {sorted(lengths)}.")
+    if batch_size is None:
+        items = TrajectoryDataset(server_address, table, dtypes, shapes, 2,
+                                  num_parallel_calls, -1, rate_limiter_timeout_ms,
+                                  -1 if max_batches < 0 else max_batches)
+        return items.prefetch(prefetch_size) if prefetch_size > 0 else items
     spec = ReplaySample(_info_spec((batch_size,)), _data_spec(dtypes, shapes, (batch_size,)))
     timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
 
@@ -365,7 +386,7 @@ def make_dataset(server_address: str, table: str, batch_size: int, *,
         dataset = tf.data.Dataset.range(num_parallel_calls).interleave(
             lambda i: tf.data.Dataset.from_generator(worker, args=(i,), output_signature=spec),
             cycle_length=num_parallel_calls, num_parallel_calls=num_parallel_calls,
-            deterministic=False)
+            deterministic=deterministic)
         if max_batches >= 0:
             dataset = dataset.take(max_batches)
     return dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset

@@ -221,6 +221,23 @@ def test_make_dataset_parallel_workers_and_max_batches():
         assert all(b.info.key.shape == (8,) and b.info.key.dtype == np.uint64 for b in batches)
 
 
+def test_make_dataset_acme_style_options():
+    with serve(uniform("t")) as (name, client):
+        with client.writer(3) as writer:
+            for t in range(5):
+                writer.append({"o": np.float32(t)})
+                if t >= 2:
+                    writer.create_item("t", 3, 1.0)
+        batch = next(iter(shmreplay_tf.make_dataset(name, "t", 2, sequence_length=3)))
+        assert batch.data["o"].shape == (2, 3)
+        with pytest.raises(ValueError, match="sequence_length=4"):
+            shmreplay_tf.make_dataset(name, "t", 2, sequence_length=4)
+        item = next(iter(shmreplay_tf.make_dataset(name, "t", None, prefetch_size=0)))
+        assert item.data["o"].shape == (3,)
+        with pytest.raises(ValueError):
+            shmreplay_tf.make_dataset(name, "t", 0)
+
+
 # --- the tf_agents-style buffer --------------------------------------------------------------
 
 def test_tf_agents_style_replay_buffer():

@@ -69,6 +69,18 @@ def test_max_samples_ends_the_dataset_without_over_consuming():
         assert client.server_info()["q"].current_size == 6
 
 
+def test_reading_takes_no_more_than_max_in_flight_items_ahead():
+    with serve(shmreplay.Table.queue("q", 20)) as (name, client):
+        fill(client, "q", range(20))
+        iterator = iter(trajectory_dataset(name, "q", max_in_flight_samples_per_worker=3))
+        assert float(next(iterator).data["x"]) == 0
+        time.sleep(0.3)  # nothing runs ahead in the background
+        assert client.server_info()["q"].current_size == 17
+        for expected in (1, 2, 3):
+            assert float(next(iterator).data["x"]) == expected
+        assert client.server_info()["q"].current_size == 14
+
+
 def test_fifo_order_is_kept_with_one_worker_and_batching():
     with serve(shmreplay.Table.queue("q", 20)) as (name, client):
         fill(client, "q", range(12))

@@ -272,17 +272,7 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
         if entry is not None:
             known[step] = entry[0]
             known[distinct + step] = entry[1]
-    known = np.array(known, np.int64)
-    known_rows, known_gens = known[:distinct], known[distinct:]
-    ref_array = np.array(ref_steps, np.int64)
-    out = np.empty(2 * distinct, np.int64)
-    got_rows, fresh = out[:distinct], out[distinct:]
-    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_array, _PID[0], 0, 0,
-                                got_rows, fresh, _SCRATCH_IO)
-    if slot < 0:
-        slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_array, timeout)
-    got_rows = got_rows.tolist()
-    fresh = fresh.tolist()
+    slot, got_rows, fresh = _reserve(engine, known, np.array(ref_steps, np.int64), timeout)
     stores = engine.columns
     try:
         if any(fresh[step] for step in range(distinct) if known[step] != _NO_ROW):
@@ -312,11 +302,7 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
-    if key < 0:
-        engine._raise_status(key)
-    entries.update(remember)
-    return key
+    return _commit(engine, slot, priority, entries, remember)
 
 
 def insert_uniform(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], uids,
@@ -335,16 +321,7 @@ def insert_uniform(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], u
             known[i] = entry[0]
             known[n + i] = entry[1]
             complete[i] = entry[2] == full
-    known = np.array(known, np.int64)
-    ref_array = plan.uniform_refs(n)
-    out = np.empty(2 * n, np.int64)
-    got_rows, fresh = out[:n], out[n:]
-    slot = kernels.reserve_item(*engine.arrays, known[:n], known[n:], ref_array, _PID[0], 0, 0,
-                                got_rows, fresh, _SCRATCH_IO)
-    if slot < 0:
-        slot, got_rows, fresh = engine.reserve_item(known[:n], known[n:], ref_array, timeout)
-    got_rows = got_rows.tolist()
-    fresh = fresh.tolist()
+    slot, got_rows, fresh = _reserve(engine, known, plan.uniform_refs(n), timeout)
     remember = []
     try:
         stores = engine.columns
@@ -359,6 +336,26 @@ def insert_uniform(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], u
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
+    return _commit(engine, slot, priority, entries, remember)
+
+
+def _reserve(engine, known, ref_steps, timeout):
+    """Reserves a slot and rows for one item: ``known`` lists the remembered rows of its
+    distinct steps, then their generations. Returns ``(slot, rows, fresh)`` as lists."""
+    distinct = len(known) // 2
+    known = np.array(known, np.int64)
+    out = np.empty(2 * distinct, np.int64)
+    got_rows, fresh = out[:distinct], out[distinct:]
+    slot = kernels.reserve_item(*engine.arrays, known[:distinct], known[distinct:], ref_steps,
+                                _PID[0], 0, 0, got_rows, fresh, _SCRATCH_IO)
+    if slot < 0:  # blocked (or not mapped yet): the engine waits, maps, or explains
+        slot, got_rows, fresh = engine.reserve_item(known[:distinct], known[distinct:],
+                                                    ref_steps, timeout)
+    return slot, got_rows.tolist(), fresh.tolist()
+
+
+def _commit(engine, slot, priority, entries, remember):
+    """Publishes the item in ``slot``; then the writer remembers where its steps went."""
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)

@@ -36,7 +36,7 @@ class StepRef:
     episode it belongs to; ``path`` the column (a tuple path into the appended data).
     """
 
-    __slots__ = ("uid", "episode", "path", "value", "expired", "__weakref__")
+    __slots__ = ("uid", "episode", "path", "value", "expired")
 
     def __init__(self, uid: int, episode: int, path, value: np.ndarray):
         self.uid = uid

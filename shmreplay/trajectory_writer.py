@@ -203,6 +203,7 @@ class TrajectoryWriter:
         self._history_steps = 0       # completed steps since history was last cleared
         self._specs = {}              # path -> first value (fixes the column's dtype, shape)
         self._paths_of = {}           # treedef of appended data -> its leaves' paths
+        self._next_uid = None         # the uid of the step being appended
         self._flat = None             # (keys, paths) when the last step was a flat dict
         self._history = None          # the cached `history` nest
         self._item_layouts = {}       # a flat dict trajectory's keys -> (keys, treedef, paths)
@@ -235,8 +236,6 @@ class TrajectoryWriter:
                 leaves = [data[key] for key in flat[0]]
             except KeyError:
                 leaves = None
-            if leaves is not None and any(isinstance(leaf, _CONTAINERS) for leaf in leaves):
-                leaves = None
             paths = flat[1]
         if leaves is None:
             leaves, treedef = specs.flatten(data)
@@ -262,6 +261,10 @@ class TrajectoryWriter:
                 value = leaf.copy()  # the caller may reuse its array
             elif kind in _PY_DTYPES:
                 value = np.asarray(leaf, _PY_DTYPES[kind])
+            elif isinstance(leaf, _CONTAINERS):
+                # A nested value in a dict read without flattening: flatten after all.
+                self._flat = None
+                return self.append(data, partial_step=partial_step)
             else:
                 value = np.array(leaf)
             first = first_values.get(path)
@@ -269,16 +272,18 @@ class TrajectoryWriter:
                     or (value.dtype is not first.dtype and value.dtype != first.dtype)):
                 self._check_value(path, value, first)
             converted.append((path, value))
-        uid = self._current_uid()
+        uid = self._next_uid
+        if uid is None:
+            uid = self._next_uid = next(self._uids)
         if self._root is None:  # history was cleared since this structure was seen
             self._root = _merge_structure(None, data)
         columns = self._columns
         history_steps = self._history_steps
         episode = self._episode
         for path, value in converted:
-            first_values.setdefault(path, value)
             column = columns.get(path)
             if column is None:
+                first_values.setdefault(path, value)
                 keep = self._column_keep.get(path, self._keep)
                 column = columns[path] = _ColumnHistory(path, keep, history_steps)
                 self._root = _merge_structure(self._root, data)
@@ -311,10 +316,9 @@ class TrajectoryWriter:
             self._forget_old_rows()
 
     def _current_uid(self):
-        uid = getattr(self, "_next_uid", None)
-        if uid is None:
-            uid = self._next_uid = next(self._uids)
-        return uid
+        if self._next_uid is None:
+            self._next_uid = next(self._uids)
+        return self._next_uid
 
     @staticmethod
     def _check_value(path, value, first):

@@ -1046,3 +1046,15 @@ def test_every_field_of_a_new_step_is_remembered():
         assert stores_written == 0b11
         batch = client.sample_batch("t", 3, timeout=1)
         assert batch.data["a"].tolist() == [[1.0]] * 3 and batch.data["b"].tolist() == [[2]] * 3
+
+
+def test_a_nested_value_after_flat_steps_becomes_new_columns():
+    # Steps read without flattening (the same flat dict as before) must still notice a
+    # nested value: it is a structure change, not a leaf.
+    with serve() as (server, client), trajectory_writer(client, 5) as writer:
+        writer.append({"x": 1, "y": 2})
+        writer.append({"x": 3, "y": {"z": 4}})
+        writer.append({"x": 5, "y": None})
+        history = writer.history
+        assert values(history["x"], 3) == [1, 3, 5]
+        assert values(history["y"]["z"], 3) == [None, 4, None]

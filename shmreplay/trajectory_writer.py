@@ -54,6 +54,15 @@ class TrajectoryColumn:
         self._squeeze = squeeze
         self._path = path
 
+    @classmethod
+    def _trusted(cls, refs, squeeze, path):
+        """A column over ``refs`` that the caller checked (no None; one ref if squeezed)."""
+        column = cls.__new__(cls)
+        column._refs = refs
+        column._squeeze = squeeze
+        column._path = path
+        return column
+
     @property
     def is_squeezed(self) -> bool:
         return self._squeeze
@@ -146,6 +155,14 @@ class _ColumnHistory:
 
     def __getitem__(self, index):
         if type(index) is slice:
+            first = index.start
+            refs = self.refs
+            if (type(first) is int and index.stop is None and index.step is None
+                    and -len(refs) <= first < 0):
+                # ``[-n:]``, the usual recent window: straight from the kept refs.
+                window = list(itertools.islice(refs, len(refs) + first, None))
+                if None not in window:
+                    return TrajectoryColumn._trusted(window, False, self.path)
             start = self.start
             first, stop, stride = index.indices(start + len(self.refs))
             if stride == 1 and first >= start:  # the usual recent window
@@ -403,7 +420,8 @@ class TrajectoryWriter:
             span an episode boundary.
           InvalidPriorityError / TableNotFoundError / SchemaError: as named.
         """
-        self._check_open()
+        if self._closed:
+            raise errors.ClosedError("TrajectoryWriter was closed.")
         known = self._item_layouts.get(tuple(trajectory)) if type(trajectory) is dict else None
         leaves = None
         if known is not None:  # a dict with the keys of an earlier trajectory
@@ -414,16 +432,16 @@ class TrajectoryWriter:
         if leaves is None:
             leaves, treedef = specs.flatten(trajectory)
             paths = specs.path_strings(treedef)
+            if not leaves:
+                raise ValueError("create_item: the trajectory is empty.")
+            for leaf in leaves:
+                if not isinstance(leaf, TrajectoryColumn):
+                    raise TypeError(
+                        f"create_item: every leaf of the trajectory must be a "
+                        f"TrajectoryColumn, got {type(leaf).__name__}.")
             keys = _writing.flat_dict_keys(treedef) if type(trajectory) is dict else None
             if keys is not None:
                 self._item_layouts[tuple(trajectory)] = (keys, treedef, paths)
-        if not leaves:
-            raise ValueError("create_item: the trajectory is empty.")
-        for leaf in leaves:
-            if type(leaf) is not TrajectoryColumn and not isinstance(leaf, TrajectoryColumn):
-                raise TypeError(
-                    f"create_item: every leaf of the trajectory must be a TrajectoryColumn, "
-                    f"got {type(leaf).__name__}.")
         columns = []
         shape = []
         episode = leaves[0]._refs[0].episode if leaves[0]._refs else None
@@ -451,7 +469,7 @@ class TrajectoryWriter:
                 uids = column_uids
             elif uids is not False and column_uids != uids:
                 uids = False
-        rows = self._rows(table)
+        rows = self._tables.get(table) or self._rows(table)
         prio = _writing.check_priority(rows.engine, priority)
         plan = rows.plans.get((treedef, tuple(shape)))
         if plan is None:

@@ -14,7 +14,6 @@ limiter refuses the writer's pending item.
 
 import contextlib
 import re
-import threading
 import time
 import uuid
 
@@ -24,6 +23,8 @@ import pytest
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.replay_sample import ReplaySample
+
+from _background import Background
 
 
 # --------------------------------------------------------------------------------------
@@ -49,30 +50,6 @@ def trajectory_writer(client, num_keep_alive_refs, **kwargs):
         yield writer
     finally:
         writer.close()
-
-
-class Background:
-    """Runs ``fn()`` in a daemon thread; ``finish`` waits for it with a deadline."""
-
-    def __init__(self, fn):
-        self.result = None
-        self.error = None
-
-        def run():
-            try:
-                self.result = fn()
-            except BaseException as e:  # reported by finish()
-                self.error = e
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def finish(self, wait=5.0):
-        self.thread.join(wait)
-        assert not self.thread.is_alive(), "the call did not return in time"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def queue(name="q", max_size=10):

@@ -12,7 +12,6 @@ call has a timeout; "blocks" is checked with a thread that is still alive after 
 
 import concurrent.futures
 import contextlib
-import threading
 import uuid
 
 import numpy as np
@@ -21,6 +20,8 @@ import pytest
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.replay_sample import ReplaySample
+
+from _background import Background
 
 
 # --------------------------------------------------------------------------------------
@@ -36,36 +37,6 @@ def serve(*tables):
             yield server, client
         finally:
             client.close()
-
-
-class Background:
-    """Runs ``fn()`` in a daemon thread; ``still_blocked`` / ``finish`` observe it."""
-
-    def __init__(self, fn):
-        self.result = None
-        self.error = None
-
-        def run():
-            try:
-                self.result = fn()
-            except BaseException as e:  # reported by finish()
-                self.error = e
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def still_blocked(self, wait=0.1):
-        self.thread.join(wait)
-        if self.error is not None:
-            raise self.error
-        return self.thread.is_alive()
-
-    def finish(self, wait=5.0):
-        self.thread.join(wait)
-        assert not self.thread.is_alive(), "the call did not return in time"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def queue(name, max_size=20):

@@ -99,8 +99,9 @@ def _block(ctrl, waiters, word, register, io):
 
 
 @kernel
-def reserve(ctrl, fctrl, meta, prio, trees, refs, rows, n, pid, was_waiting, register, out_slots, io):
-    """Reserves ``n`` slots for writing if the rate limiter allows ``n`` inserts now."""
+def _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, n, was_waiting, register, io):
+    """Locks for reserving ``n`` items: 0 with the lock held if the rate limiter and the
+    free slots allow them now; else unlocked, CLOSED or BLOCKED (registered if asked)."""
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
@@ -111,6 +112,16 @@ def reserve(ctrl, fctrl, meta, prio, trees, refs, rows, n, pid, was_waiting, reg
         return codes.CLOSED
     if not items.can_insert(ctrl, fctrl, n) or items.free_count(ctrl) < n:
         return _block(ctrl, C_SPACE_WAITERS, C_SPACE_SEQ, register, io)
+    return 0
+
+
+@kernel
+def reserve(ctrl, fctrl, meta, prio, trees, refs, rows, n, pid, was_waiting, register, out_slots, io):
+    """Reserves ``n`` slots for writing if the rate limiter allows ``n`` inserts now."""
+    status = _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, n, was_waiting, register,
+                           io)
+    if status != 0:
+        return status
     ctrl[C_RESERVES] += 1
     items.pop_free_block(ctrl, meta, n, out_slots)
     for i in range(n):
@@ -198,16 +209,10 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
     sized for), the remover evicts items until they fit; ``NO_ROWS`` if even an empty
     table could not hold the item. Returns the slot, or a negative status.
     """
-    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    status = _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, 1, was_waiting, register,
+                           io)
     if status != 0:
         return status
-    if was_waiting and ctrl[C_SPACE_WAITERS] > 0:
-        ctrl[C_SPACE_WAITERS] -= 1
-    if ctrl[C_CLOSED] != 0:
-        _unlock(ctrl)
-        return codes.CLOSED
-    if not items.can_insert(ctrl, fctrl, 1) or items.free_count(ctrl) < 1:
-        return _block(ctrl, C_SPACE_WAITERS, C_SPACE_SEQ, register, io)
     distinct = known_rows.shape[0]
     need = 0
     for d in range(distinct):

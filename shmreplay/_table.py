@@ -53,7 +53,15 @@ def _reseed_if_seeded():
         _seed_rng()
 
 
-os.register_at_fork(after_in_child=_reseed_if_seeded)
+_PID = [os.getpid()]  # this process's pid, for the hot paths (kept right across fork)
+
+
+def _after_fork():
+    _PID[0] = os.getpid()
+    _reseed_if_seeded()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class TableEngine:
@@ -524,7 +532,7 @@ class TableEngine:
         out_f = np.empty((kernels.OUT_FLOAT_ROWS, batch_size), np.float64)
         out_gens = np.empty((batch_size, self.refs.shape[1]), np.int32)
         io = np.zeros(3, np.int64)
-        pid = os.getpid()
+        pid = _PID[0]
         count = kernels.sample(*self.arrays, batch_size, pid, 0, 0, out_i, out_f, out_gens, io)
         if count < 0:
             count = self._draw_blocking(batch_size, out_i, out_f, out_gens, io, deadline, count)
@@ -568,7 +576,9 @@ class TableEngine:
         """
         storage = self.storage
         if not storage.steps:
-            return [_take(column, slots) for column in self.columns]
+            size = slots.size
+            return [column.take(slots, axis=0) if size * column.strides[0] < _ALIGN_FROM
+                    else _take(column, slots) for column in self.columns]
         refs = self.refs.take(slots, axis=0)
         data = []
         for column in storage.columns:

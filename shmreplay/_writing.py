@@ -11,7 +11,6 @@ Items the rate limiter does not admit yet wait in the writer, in creation order
 """
 
 import collections
-import os
 import time
 from typing import List, Optional
 
@@ -20,13 +19,13 @@ import numpy as np
 from shmreplay import _layout as L
 from shmreplay import _storage, errors, specs
 from shmreplay._kernels import table as kernels
+from shmreplay._table import _PID
 
 _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
 _NO_ROW = -1
 _UNKNOWN = object()
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
 
 
 class StepRef:

@@ -328,11 +328,7 @@ def release_drained(ctrl, fctrl, meta, prio, trees, refs, rows, slots, versions,
 
 
 @kernel
-def _record(ctrl, meta, prio, refs, rows, slot, probability, out_i, out_f, out_gens, j):
-    # Row generations, for the seqlock re-check of step storage: a row can be handed to
-    # another writer (once no item references it) while its slot is still unused.
-    for k in range(refs.shape[1]):
-        out_gens[j, k] = rows[refs[slot, k], R_GEN]
+def _record(ctrl, meta, prio, slot, probability, out_i, out_f, j):
     times = meta[slot, M_TIMES] + 1
     meta[slot, M_TIMES] = times
     if times == 1:
@@ -386,18 +382,17 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
             sumtree.draw_batch(tree, leaves, count, out_i[OUT_SLOT], out_f[OUT_PROBABILITY])
             for j in range(count):
                 slot = out_i[OUT_SLOT, j]
-                _record(ctrl, meta, prio, refs, rows, slot, tree[leaves + slot] / total, out_i, out_f, out_gens, j)
+                _record(ctrl, meta, prio, slot, tree[leaves + slot] / total, out_i, out_f, j)
         else:
             for j in range(count):
                 slot = meta[np.random.randint(0, size), M_LIVE]
-                _record(ctrl, meta, prio, refs, rows, slot, 1.0 / size, out_i, out_f, out_gens, j)
+                _record(ctrl, meta, prio, slot, 1.0 / size, out_i, out_f, j)
         ctrl[C_SAMPLES] += count
     else:
         while count < batch and ctrl[C_SIZE] > 0 and items.can_sample(ctrl, fctrl, 1):
             probability = out_f[OUT_PROBABILITY, count:count + 1]
             slot = items.select(ctrl, fctrl, meta, trees, 0, probability)
-            times = _record(ctrl, meta, prio, refs, rows, slot, probability[0], out_i, out_f, out_gens,
-                            count)
+            times = _record(ctrl, meta, prio, slot, probability[0], out_i, out_f, count)
             ctrl[C_SAMPLES] += 1
             if max_times > 0 and times >= max_times:
                 items.unlink(ctrl, meta, prio, trees, slot, True, codes.DRAINING)
@@ -405,6 +400,13 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
                 drained += 1
             count += 1
     ctrl[C_TOTAL_SAMPLED] += count
+    if refs.shape[1] > 0:
+        # Row generations, for the seqlock re-check of step storage: a row can be handed
+        # to another writer (once no item references it) while its slot is unused.
+        for j in range(count):
+            slot = out_i[OUT_SLOT, j]
+            for k in range(refs.shape[1]):
+                out_gens[j, k] = rows[refs[slot, k], R_GEN]
     io[0] = ctrl[C_SIZE]
     # Seqlock: if C_RESERVES still equals this after the copy, no drawn slot was reused.
     io[1] = ctrl[C_RESERVES]

@@ -16,6 +16,7 @@ import time
 import traceback
 
 import numpy as np
+import _names
 
 SHM_DIR = "/dev/shm"
 
@@ -104,12 +105,10 @@ def warm_kernels():
     """Runs every kernel once on a private scratch buffer, so that numba compiles them
     (or loads them from its cache) now: the timings of a test then measure the library,
     not the JIT. Called by the test modules and by children that time things."""
-    import uuid
-
     import shmreplay
     from shmreplay import errors, rate_limiters, selectors
 
-    name = f"test-warm-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    name = _names.unique("warm")
     tables = [shmreplay.Table.queue("q", 1),
               shmreplay.Table("p", selectors.Prioritized(0.5), selectors.Fifo(), 4,
                               rate_limiters.MinSize(1)),

@@ -4,8 +4,13 @@ import os
 
 import pytest
 
+import _names
+
 SHM_DIR = "/dev/shm"
-_TEST_PREFIXES = ("shmreplay.test-", "shmreplay.srv-", "sem.shmreplay.test-")
+# This run's objects: buffers named by ``_names.unique`` and buffers a Server created
+# in this process without a name. Other runs on the machine are not ours to judge.
+_TEST_PREFIXES = (f"shmreplay.test-{_names.RUN}-", f"sem.shmreplay.test-{_names.RUN}-",
+                  f"shmreplay.srv-{os.getpid()}-", f"sem.shmreplay.srv-{os.getpid()}-")
 
 
 def _shmreplay_objects():
@@ -13,8 +18,6 @@ def _shmreplay_objects():
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return set()
-    # Tests name their buffers "test-..." (or let the Server pick "srv-..."). Other
-    # shmreplay objects belong to other users of this machine (a benchmark, a demo).
     return {n for n in names if n.startswith(_TEST_PREFIXES)}
 
 
@@ -35,9 +38,8 @@ def no_shared_memory_leaks():
 
 @pytest.fixture
 def buffer_name(request):
-    """A unique buffer name for this test (prefix 'test-')."""
-    import uuid
-    return f"test-{uuid.uuid4().hex[:10]}"
+    """A unique buffer name for this test (``test-<run>-...``)."""
+    return _names.unique()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,7 +6,6 @@ import contextlib
 import math
 import mmap
 import threading
-import uuid
 
 import numpy as np
 import posix_ipc
@@ -15,6 +14,7 @@ import pytest
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
+import _names
 
 SIGNATURE = {"obs": TensorSpec((3,), np.float32), "act": TensorSpec((), np.int64)}
 
@@ -36,7 +36,7 @@ def all_of(*parts):
 
 
 def new_name(tag="err"):
-    return f"test-{tag}-{uuid.uuid4().hex[:8]}"
+    return _names.unique(tag)
 
 
 def tables():
@@ -441,11 +441,12 @@ def foreign_segment(name, content, size):
 
 def test_attach_to_segment_that_is_not_a_shmreplay_buffer():
     junk = bytes(range(256)) * 16
-    with foreign_segment("test-foreign", junk, 4096):
+    name = _names.unique("foreign")
+    with foreign_segment(name, junk, 4096):
         with pytest.raises(errors.LayoutMismatchError,
-                           match=all_of("test-foreign", "(?i)not a shmreplay buffer",
+                           match=all_of(name, "(?i)not a shmreplay buffer",
                                         "(?i)magic")) as info:
-            shmreplay.Client("test-foreign")
+            shmreplay.Client(name)
         assert isinstance(info.value, ValueError)
 
 

@@ -10,10 +10,10 @@ learner steps), and the buffer is gone afterwards.
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
+import _names
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -31,7 +31,7 @@ def _number(text):
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["jax_dqn.py", "tf_dqn.py"])
 def test_dqn_example_learns_cartpole_and_cleans_up(example):
-    name = f"test-dqn-{uuid.uuid4().hex[:8]}"
+    name = _names.unique("dqn")
     proc = subprocess.run([sys.executable, str(EXAMPLES / example), "--seconds", "45",
                            "--name", name],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)

@@ -16,10 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+import _names
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.py"
@@ -75,7 +75,7 @@ def _demo_command(name, *args):
 
 @pytest.mark.slow
 def test_demo_runs_reports_rates_and_cleans_up():
-    name = f"test-demo-{uuid.uuid4().hex[:8]}"
+    name = _names.unique("demo")
     before = _segments()
     proc = subprocess.run(_demo_command(name, "--seconds", "3", "--actors", "1"), cwd=ROOT,
                           capture_output=True, text=True, timeout=DEMO_TIMEOUT)
@@ -96,7 +96,7 @@ def test_demo_runs_reports_rates_and_cleans_up():
 @pytest.mark.slow
 def test_demo_stops_cleanly_on_ctrl_c():
     """Ctrl-C reaches every process of the foreground group, as a terminal sends it."""
-    name = f"test-demo-{uuid.uuid4().hex[:8]}"
+    name = _names.unique("demo")
     before = _segments()
     proc = subprocess.Popen(_demo_command(name, "--seconds", "120", "--actors", "2"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

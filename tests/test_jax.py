@@ -5,7 +5,6 @@ JAX is imported only in this file.
 
 import contextlib
 import time
-import uuid
 
 import jax
 import numpy as np
@@ -14,11 +13,12 @@ import pytest
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.jax import BatchIterator
+import _names
 
 
 @contextlib.contextmanager
 def serve(*tables):
-    with shmreplay.Server(list(tables), name=f"test-{uuid.uuid4().hex[:10]}") as server:
+    with shmreplay.Server(list(tables), name=_names.unique()) as server:
         client = shmreplay.Client(server.name)
         try:
             yield client

@@ -12,7 +12,6 @@ import contextlib
 import sys
 import threading
 import time
-import uuid
 import warnings
 
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
+import _names
 
 FLOAT_MAX = sys.float_info.max
 
@@ -142,7 +142,7 @@ TABLE = "limited"
 
 
 def _new_name():
-    return f"test-{uuid.uuid4().hex[:8]}"
+    return _names.unique()
 
 
 @contextlib.contextmanager

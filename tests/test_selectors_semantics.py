@@ -6,7 +6,6 @@ sampled ``info.key``.
 """
 
 import contextlib
-import uuid
 
 import numpy as np
 import pytest
@@ -14,13 +13,14 @@ import pytest
 import shmreplay
 from shmreplay import rate_limiters, selectors
 from shmreplay.specs import TensorSpec
+import _names
 
 INT = TensorSpec((), np.int64)
 
 
 @contextlib.contextmanager
 def serve(*tables):
-    with shmreplay.Server(tables=list(tables), name=f"test-{uuid.uuid4().hex[:8]}") as server:
+    with shmreplay.Server(tables=list(tables), name=_names.unique()) as server:
         client = shmreplay.Client(server.name)
         try:
             yield client

@@ -34,7 +34,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -117,7 +116,7 @@ class TableMachine(RuleBasedStateMachine):
         table = shmreplay.Table(
             name=TABLE, sampler=sampler, remover=remover, max_size=max_size,
             rate_limiter=rate_limiters.MinSize(1), max_times_sampled=0, signature=SIGNATURE)
-        self.server = shmreplay.Server([table], name=f"test-sm-{uuid.uuid4().hex[:10]}")
+        self.server = shmreplay.Server([table], name=_names.unique("sm"))
         self.client = shmreplay.Client(self.server.name)
         self.engine = self.client._buffer.by_name[TABLE]
 
@@ -416,6 +415,7 @@ import numpy as np
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
+import _names
 
 name, exponent, priorities = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3])
 table = shmreplay.Table(name="t", sampler=selectors.Prioritized(exponent),
@@ -455,7 +455,7 @@ def test_overflowing_weights_do_not_wedge_the_table():
     children = {}
     try:
         for case, (exponent, priorities) in OVERFLOW_CASES.items():
-            name = f"test-sm-{uuid.uuid4().hex[:10]}"
+            name = _names.unique("sm")
             children[case] = (name, subprocess.Popen(
                 [sys.executable, "-c", _OVERFLOW_CHILD, name, str(exponent),
                  json.dumps(priorities)],

@@ -8,7 +8,6 @@ the free-row stack holds exactly the other rows), and a rebuild from slot states
 crash-recovery path) must reproduce the counts.
 """
 
-import uuid
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from shmreplay import _layout as L
 from shmreplay import _storage, errors, rate_limiters, selectors, specs
 from shmreplay._kernels import rows as row_kernels
 from shmreplay._kernels import table as kernels
+import _names
 
 STEP = specs.TensorSpec((), np.int64)
 
@@ -87,7 +87,7 @@ def serve():
     servers = []
 
     def make(table):
-        server = shmreplay.Server([table], name=f"test-{uuid.uuid4().hex[:10]}")
+        server = shmreplay.Server([table], name=_names.unique())
         servers.append(server)
         return server, shmreplay.Client(server.name)
 

@@ -13,7 +13,6 @@ import contextlib
 import pickle
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.replay_sample import ReplaySample
 from shmreplay.specs import TensorSpec
+import _names
 
 INT = TensorSpec((), np.int64)
 
@@ -33,7 +33,7 @@ INT = TensorSpec((), np.int64)
 @contextlib.contextmanager
 def serve(*tables):
     """A running buffer holding ``tables`` and a client attached to it by name."""
-    with shmreplay.Server(tables=list(tables), name=f"test-{uuid.uuid4().hex[:8]}") as server:
+    with shmreplay.Server(tables=list(tables), name=_names.unique()) as server:
         client = shmreplay.Client(server.name)
         try:
             yield server, client

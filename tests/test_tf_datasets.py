@@ -3,7 +3,6 @@ and the tf_agents-style buffer. TensorFlow is imported only in this file."""
 
 import contextlib
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import shmreplay
 from shmreplay import rate_limiters, selectors
 from shmreplay import tf as shmreplay_tf
 from shmreplay.specs import TensorSpec
+import _names
 
 ITEM = {"x": np.float32, "v": np.int64}
 ITEM_SHAPES = {"x": (), "v": (3,)}
@@ -20,7 +20,7 @@ ITEM_SHAPES = {"x": (), "v": (3,)}
 
 @contextlib.contextmanager
 def serve(*tables):
-    with shmreplay.Server(list(tables), name=f"test-{uuid.uuid4().hex[:10]}") as server:
+    with shmreplay.Server(list(tables), name=_names.unique()) as server:
         client = shmreplay.Client(server.name)
         try:
             yield server.name, client

@@ -15,7 +15,6 @@ limiter refuses the writer's pending item.
 import contextlib
 import re
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from shmreplay import errors, rate_limiters, selectors
 from shmreplay.replay_sample import ReplaySample
 
 from _background import Background
+import _names
 
 
 # --------------------------------------------------------------------------------------
@@ -35,7 +35,7 @@ from _background import Background
 def serve(*tables):
     """A running buffer holding ``tables`` and a client attached to it by name."""
     tables = tables or (shmreplay.Table.queue("q", 10),)
-    with shmreplay.Server(tables=list(tables), name=f"test-{uuid.uuid4().hex[:8]}") as server:
+    with shmreplay.Server(tables=list(tables), name=_names.unique()) as server:
         client = shmreplay.Client(server.name)
         try:
             yield server, client

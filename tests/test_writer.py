@@ -12,7 +12,6 @@ call has a timeout; "blocks" is checked with a thread that is still alive after 
 
 import concurrent.futures
 import contextlib
-import uuid
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from shmreplay import errors, rate_limiters, selectors
 from shmreplay.replay_sample import ReplaySample
 
 from _background import Background
+import _names
 
 
 # --------------------------------------------------------------------------------------
@@ -31,7 +31,7 @@ from _background import Background
 @contextlib.contextmanager
 def serve(*tables):
     """A running buffer holding ``tables`` and a client attached to it by name."""
-    with shmreplay.Server(tables=list(tables), name=f"test-{uuid.uuid4().hex[:8]}") as server:
+    with shmreplay.Server(tables=list(tables), name=_names.unique()) as server:
         client = shmreplay.Client(server.name)
         try:
             yield server, client

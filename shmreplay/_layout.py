@@ -5,7 +5,7 @@ A buffer named ``NAME`` is a set of POSIX shared-memory segments:
 ``/shmreplay.NAME`` (the *header segment*, created by the Server)::
 
     0       HEADER        256 bytes, the structured dtype ``HEADER`` below
-    256     config blob   cloudpickle of the tables' configurations (``Table`` objects)
+    256     config blob   cloudpickle of ``{"tables": [Table, ...], "checkpoint_root": str}``
     ...     table 0       control block, slot metadata, priorities, sum-trees
     ...     table 1       ...
 
@@ -49,7 +49,7 @@ from shmreplay._kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -72,6 +72,7 @@ HEADER = np.dtype([
     ("config_len", "<i8"),
     ("tables_offset", "<i8"),
     ("created_ns", "<i8"),
+    ("segment_mode", "<i8"),    # 0o600, or 0o660 when shared with the owner's group
 ])
 HEADER_SIZE = 256
 assert HEADER.itemsize <= HEADER_SIZE
@@ -96,7 +97,13 @@ MUTEX_WORDS = 8
  C_SCHEMA_READY, C_RESERVES, C_FREE_HEAD,
  # Step storage (sequence items); all zero for tables that store whole items.
  C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH, C_ROWS_LIVE,
- C_ROWS_DIRTY) = range(MUTEX_WORDS, MUTEX_WORDS + 42)
+ C_ROWS_DIRTY,
+ # A batch commit in progress: 1 + the insertion order of its first item (0: none). A
+ # commit cut short by its process's death is rolled back by ``rebuild``.
+ C_COMMIT_MARK,
+ # Tests only (``shmreplay._crash_points``): the process ``C_STOP_PID`` stops itself
+ # (SIGSTOP) when it reaches stop point ``C_STOP_POINT`` inside a kernel.
+ C_STOP_POINT, C_STOP_PID) = range(MUTEX_WORDS, MUTEX_WORDS + 45)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item

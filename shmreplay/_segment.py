@@ -2,18 +2,51 @@
 
 ``close`` and ``unlink`` are separate, as in ``multiprocessing.shared_memory``: every
 process closes its own mapping; only the owner unlinks, once. Segments are created
-with mode 0600 (owner only) unless the Server is told to share with its group.
-Attaching refuses segments owned by another user before reading a byte of them: the
-header holds pickled configuration, and unpickling is only safe from our own user.
+with mode 0600 (owner only) unless the Server is told to share with its group (0660).
+
+Attaching checks who may have written a segment before reading a byte of it
+(``check_access``): segments hold pickled configuration, and unpickling is code
+execution. By default only our own user's segments are accepted. Another user's are
+accepted only when the caller trusts the group (``Access.trust_group``), the segment
+carries the buffer's group, the caller belongs to it, and the segment's mode shares it
+with exactly that group. A segment writable by every user is never accepted.
 """
 
+import dataclasses
+import errno
 import mmap
 import os
 import warnings
+from typing import Optional, Set
 
 import posix_ipc
 
 from shmreplay import errors
+
+PRIVATE_MODE = 0o600
+GROUP_MODE = 0o660
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """How one process creates, and what it accepts when attaching, one buffer's segments.
+
+    Attributes:
+      mode: The permission bits of the segments this process creates, and the widest
+        bits it accepts on the segments it attaches (``PRIVATE_MODE`` or ``GROUP_MODE``).
+      group: The gid every segment of a group-shared buffer carries (its header
+        segment's); ``None`` for a private buffer.
+      trust_group: Accept segments that another user owns, provided they carry
+        ``group`` (when given), the caller is a member of their group, and their mode
+        shares them with that group.
+    """
+
+    mode: int = PRIVATE_MODE
+    group: Optional[int] = None
+    trust_group: bool = False
+
+
+PRIVATE = Access()
 
 
 class Segment:
@@ -23,15 +56,33 @@ class Segment:
       name: The POSIX name (``/shmreplay....``).
       buf: A writable ``mmap`` of the whole segment.
       size: Its size in bytes.
+      uid: The uid that owns the segment.
+      gid: The gid the segment belongs to.
+      mode: Its permission bits (``0o600``, ``0o660``, ...).
     """
 
     name = None
     buf = None
     size = 0
+    uid = None
+    gid = None
+    mode = None
 
     @classmethod
-    def create(cls, name: str, size: int, mode: int = 0o600) -> "Segment":
-        """Creates and maps a new zero-filled segment; fails if the name exists."""
+    def create(cls, name: str, size: int, mode: int = PRIVATE_MODE,
+               group: Optional[int] = None) -> "Segment":
+        """Creates and maps a new zero-filled segment; fails if the name exists.
+
+        Args:
+          name: The POSIX name.
+          size: Its size in bytes.
+          mode: Its permission bits, set exactly (the process umask does not apply).
+          group: The gid to give it; ``None`` keeps the creating process's.
+
+        Raises:
+          FileExistsError: if a segment of this name exists.
+          PermissionError: if ``group`` is not one of the caller's groups.
+        """
         self = cls()
         self.name = name
         _warn_if_larger_than_free_space(size, name)
@@ -41,6 +92,10 @@ class Segment:
             raise FileExistsError(f"shared-memory segment {name} already exists") from exc
         try:
             os.fchmod(shm.fd, mode)  # the process umask must not widen or narrow it
+            if group is not None and os.fstat(shm.fd).st_gid != group:
+                os.fchown(shm.fd, -1, group)
+            stat = os.fstat(shm.fd)
+            self.uid, self.gid, self.mode = stat.st_uid, stat.st_gid, stat.st_mode & 0o777
             self.buf = mmap.mmap(shm.fd, size)
             self.size = size
         except BaseException:
@@ -51,12 +106,18 @@ class Segment:
         return self
 
     @classmethod
-    def attach(cls, name: str, what: str) -> "Segment":
-        """Maps an existing segment after checking that our user owns it.
+    def attach(cls, name: str, what: str, access: Access = PRIVATE) -> "Segment":
+        """Maps an existing segment after checking who may have written it.
+
+        Args:
+          name: The POSIX name.
+          what: What the segment is, for error messages (``"buffer 'x'"``).
+          access: Which owners and modes to accept (see ``check_access``).
 
         Raises:
           BufferNotFoundError: no segment has this name.
-          LayoutMismatchError: the segment belongs to another user or is empty.
+          LayoutMismatchError: the segment is not accessible, ``check_access`` refuses
+            it, or it is empty.
         """
         self = cls()
         self.name = name
@@ -70,10 +131,8 @@ class Segment:
                 f"Segment {name!r} is not accessible to this user ({what}).") from exc
         try:
             stat = os.fstat(shm.fd)
-            if stat.st_uid != os.getuid():
-                raise errors.LayoutMismatchError(
-                    f"Segment {name!r} belongs to uid {stat.st_uid}, not to this user "
-                    f"(uid {os.getuid()}); shmreplay only attaches to its own user's buffers.")
+            check_access(name, what, stat, access)
+            self.uid, self.gid, self.mode = stat.st_uid, stat.st_gid, stat.st_mode & 0o777
             if stat.st_size == 0:
                 raise errors.LayoutMismatchError(f"Segment {name!r} is empty: not a shmreplay {what}.")
             self.size = stat.st_size
@@ -97,6 +156,61 @@ class Segment:
         unlink(self.name)
 
 
+def caller_groups() -> Set[int]:
+    """The gids this process belongs to: real, effective and supplementary."""
+    return {os.getgid(), os.getegid(), *os.getgroups()}
+
+
+def check_access(name: str, what: str, stat: os.stat_result, access: Access = PRIVATE):
+    """Refuses a segment that someone this process does not trust may have written.
+
+    The rules, in order:
+
+    * Its mode must not be wider than ``access.mode`` (read and write bits): a segment
+      any user (or, for a private buffer, any group member) can write is refused,
+      whoever owns it.
+    * A segment of our own uid is accepted.
+    * Another uid's segment is accepted only if ``access.trust_group``, it carries
+      ``access.group`` (when set), that group is one of the caller's, and the mode gives
+      the group read and write access.
+
+    Args:
+      name: The segment's POSIX name (for messages).
+      what: What the segment is (for messages).
+      stat: ``os.fstat`` of the open segment.
+      access: What to accept.
+
+    Raises:
+      LayoutMismatchError: if the segment is refused; the message says why.
+    """
+    mode = stat.st_mode & 0o777
+    if mode & ~access.mode & 0o666:
+        raise errors.LayoutMismatchError(
+            f"Segment {name!r} ({what}) has mode {mode:04o}, wider than the {access.mode:04o} "
+            "shmreplay gives it: someone it does not trust may have written it.")
+    uid = os.getuid()
+    if stat.st_uid == uid:
+        return
+    if not access.trust_group:
+        raise errors.LayoutMismatchError(
+            f"Segment {name!r} ({what}) belongs to uid {stat.st_uid}, not to this user "
+            f"(uid {uid}). shmreplay attaches to another user's buffer only if its owner "
+            "shared it with a group (Server(share_with_group=True)) and you trust that "
+            "group's members (Client(name, trust_group=True)).")
+    if access.group is not None and stat.st_gid != access.group:
+        raise errors.LayoutMismatchError(
+            f"Segment {name!r} ({what}) of uid {stat.st_uid} belongs to gid {stat.st_gid}, "
+            f"not to the buffer's group (gid {access.group}).")
+    if stat.st_gid not in caller_groups():
+        raise errors.LayoutMismatchError(
+            f"Segment {name!r} ({what}) of uid {stat.st_uid} is shared with gid "
+            f"{stat.st_gid}, which is not one of this process's groups.")
+    if mode & 0o060 != 0o060:
+        raise errors.LayoutMismatchError(
+            f"Segment {name!r} ({what}) belongs to uid {stat.st_uid} and is not shared with "
+            f"its group (mode {mode:04o}).")
+
+
 def _warn_if_larger_than_free_space(size: int, name: str):
     # tmpfs accepts any size and allocates on first write; writing past its limit kills
     # the writer with SIGBUS. Say so now rather than then.
@@ -114,12 +228,32 @@ def _warn_if_larger_than_free_space(size: int, name: str):
 
 
 def unlink(name: str) -> bool:
-    """Unlinks a segment by name; returns False if it did not exist."""
+    """Unlinks a segment by name; returns False if it did not exist or is not ours to remove.
+
+    In a group-shared buffer another user may have created a data segment; /dev/shm is
+    sticky, so only that user (or root) can remove its name. That is warned about
+    rather than raised: the owner's ``stop()`` must still remove everything else.
+    """
     try:
         posix_ipc.unlink_shared_memory(name)
         return True
     except posix_ipc.ExistentialError:
         return False
+    except (posix_ipc.PermissionsError, PermissionError) as exc:
+        _warn_not_removed(name, exc)
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EACCES):
+            raise
+        _warn_not_removed(name, exc)
+        return False
+
+
+def _warn_not_removed(name, exc):
+    warnings.warn(
+        f"Segment {name} belongs to another user and cannot be removed by this one ({exc}); "
+        f"its owner can remove it with `shmreplay rm` or by deleting /dev/shm{name}.",
+        RuntimeWarning, stacklevel=3)
 
 
 def exists(name: str) -> bool:

@@ -66,6 +66,10 @@ mutex_lock = types.ExternalFunction("pthread_mutex_lock", types.int32(types.void
 mutex_trylock = types.ExternalFunction("pthread_mutex_trylock", types.int32(types.voidptr))
 mutex_unlock = types.ExternalFunction("pthread_mutex_unlock", types.int32(types.voidptr))
 mutex_consistent = types.ExternalFunction("pthread_mutex_consistent", types.int32(types.voidptr))
+_getpid = types.ExternalFunction("getpid", types.int32())
+_raise_signal = types.ExternalFunction("raise", types.int32(types.int32))
+_SIGSTOP = 19  # x86_64 Linux
+
 _syscall6 = types.ExternalFunction(
     "syscall", types.int64(types.int64, types.voidptr, types.int64, types.int64,
                            types.voidptr, types.voidptr, types.int64))
@@ -123,3 +127,11 @@ def init_robust_mutex(ctrl: np.ndarray):
         if result != 0:
             raise OSError(result, f"{call.__name__} failed")
     libc.pthread_mutexattr_destroy(attr)
+
+
+@kernel
+def stop_self_if(armed_pid):
+    """Stops this process (SIGSTOP) if it is ``armed_pid``: the tests' crash points."""
+    pid = _getpid()
+    if pid == armed_pid:
+        _raise_signal(_SIGSTOP)

@@ -126,17 +126,32 @@ class TableEngine:
     # --- columns (the data segment) -----------------------------------------------------
 
     def _create_data_segment(self, storage):
+        """Creates, fills and maps this table's data segment for ``storage``.
+
+        Its mode and group follow the buffer's header, whichever process creates it:
+        0600, or 0660 and the header segment's group when the buffer is shared with its
+        owner's group (``self.access``, which ``shmreplay._buffer.Buffer`` sets).
+
+        Raises:
+          FileExistsError: if another process created it first.
+        """
+        access = getattr(self, "access", _segment.PRIVATE)
         blob = cloudpickle.dumps(storage)
         plan = L.plan_data(storage, self.capacity, len(blob))
         name = L.data_segment_name(self.buffer_name, self.index)
-        segment = _segment.Segment.create(name, plan.total_bytes)
-        header = L.data_header_view(segment.buf)
-        header["magic"] = L.DATA_MAGIC
-        header["layout_version"] = L.LAYOUT_VERSION
-        header["schema_len"] = len(blob)
-        header["total_bytes"] = plan.total_bytes
-        segment.buf[plan.schema_offset:plan.schema_offset + len(blob)] = blob
-        header["complete"] = 1
+        segment = _segment.Segment.create(name, plan.total_bytes, access.mode, access.group)
+        try:
+            header = L.data_header_view(segment.buf)
+            header["magic"] = L.DATA_MAGIC
+            header["layout_version"] = L.LAYOUT_VERSION
+            header["schema_len"] = len(blob)
+            header["total_bytes"] = plan.total_bytes
+            segment.buf[plan.schema_offset:plan.schema_offset + len(blob)] = blob
+            header["complete"] = 1
+        except BaseException:
+            segment.unlink()
+            segment.close()
+            raise
         self._map_columns(segment, storage, plan)
         if storage.steps:
             self.ctrl[L.C_ROW_CAPACITY] = plan.row_capacity
@@ -144,30 +159,105 @@ class TableEngine:
         self.ctrl[L.C_SCHEMA_READY] = 1
 
     def _attach_data_segment(self):
+        """Maps the data segment another process created, after validating all of it.
+
+        Its owner and mode are checked against the buffer's (``self.access``) before a
+        byte is read, every header field before it is used, and the unpickled storage
+        against the segment's size and the table's control block before any view or
+        kernel relies on it.
+
+        Called only once the table's control block says the segment is ready.
+
+        Returns:
+          True once mapped.
+
+        Raises:
+          BufferNotFoundError: if it does not exist (any more).
+          LayoutMismatchError: if it is refused, foreign, truncated or inconsistent.
+        """
+        access = getattr(self, "access", _segment.PRIVATE)
         name = L.data_segment_name(self.buffer_name, self.index)
-        segment = _segment.Segment.attach(name, f"table '{self.name}' data")
-        header = L.data_header_view(segment.buf)
-        if (header["magic"][0] != L.DATA_MAGIC or header["layout_version"][0] != L.LAYOUT_VERSION
-                or header["total_bytes"][0] != segment.size):
+        segment = _segment.Segment.attach(name, f"table '{self.name}' data", access)
+
+        def corrupt(problem):
+            return errors.LayoutMismatchError(
+                f"Table '{self.name}': data segment {name} {problem}.")
+
+        try:
+            if segment.size < L.DATA_HEADER_SIZE:
+                raise corrupt(f"has {segment.size} bytes, less than its header")
+            header = L.data_header_view(segment.buf)
+            if (header["magic"][0] != L.DATA_MAGIC
+                    or header["layout_version"][0] != L.LAYOUT_VERSION
+                    or header["total_bytes"][0] != segment.size):
+                raise corrupt("has a foreign or corrupt header")
+            complete = int(header["complete"][0])
+            if complete != 1:
+                # Its creator sets the flag before the table's C_SCHEMA_READY, and only a
+                # ready table's segment is attached: unfinished now means corrupt.
+                raise corrupt(f"has an invalid completion flag {complete}")
+            length = int(header["schema_len"][0])
+            if not 0 < length <= segment.size - L.DATA_HEADER_SIZE:
+                raise corrupt(f"has an impossible schema length {length}")
+            if segment.buf[L.DATA_HEADER_SIZE + length - 1] != ord("."):  # a pickle's last byte
+                raise corrupt(f"has a schema that does not end at its length {length}")
+            try:
+                storage = cloudpickle.loads(
+                    segment.buf[L.DATA_HEADER_SIZE:L.DATA_HEADER_SIZE + length])
+                if type(storage) is not _storage.Storage or type(storage.steps) is not bool:
+                    raise TypeError(f"a {type(storage).__name__}, not a Storage")
+                column_specs = specs.flatten(storage.signature)[0]
+                stores = storage.store_specs
+                for spec in stores:
+                    dtype = spec.dtype
+                    # An unpickled dtype carries its flags: rebuild it from its name and
+                    # compare, so that a damaged one (say, flagged as holding objects)
+                    # is refused before numpy maps memory with it.
+                    if not (isinstance(dtype, np.dtype) and dtype.kind in "biufc"
+                            and not dtype.hasobject and dtype.fields is None
+                            and dtype.flags == np.dtype(dtype.str).flags
+                            and dtype.itemsize == np.dtype(dtype.str).itemsize
+                            and isinstance(spec.shape, tuple)
+                            and all(type(d) is int and d >= 0 for d in spec.shape)):
+                        raise TypeError(f"an invalid store {spec!r}")
+                if storage.steps:
+                    # Each item column reads ``length`` rows of one store: its spec must be
+                    # that store's cell, with a time dimension unless squeezed.
+                    offset, columns = 0, storage.columns
+                    if (len(columns) != len(column_specs)
+                            or len(storage.store_sources) != len(stores)):
+                        raise TypeError("columns that do not match its signature")
+                    for column, spec in zip(columns, column_specs):
+                        if (type(column) is not _storage.ColumnRefs
+                                or type(column.store) is not int or type(column.length) is not int
+                                or type(column.squeeze) is not bool
+                                or type(column.offset) is not int
+                                or not 0 <= column.store < len(stores) or column.length < 1
+                                or column.offset != offset
+                                or (column.squeeze and column.length != 1)):
+                            raise TypeError(f"an invalid column {column!r}")
+                        cell = stores[column.store]
+                        shape = cell.shape if column.squeeze else (column.length,) + cell.shape
+                        if tuple(spec.shape) != shape or np.dtype(spec.dtype) != cell.dtype:
+                            raise TypeError(f"a column {spec!r} its store {cell!r} cannot hold")
+                        offset += column.length
+                elif list(stores) != list(column_specs):
+                    raise TypeError("stores that do not match its signature")
+                plan = L.plan_data(storage, self.capacity, length)
+            except Exception as exc:
+                raise corrupt(f"holds an unreadable or invalid schema ({exc})") from exc
+            if plan.total_bytes != segment.size:
+                raise corrupt(f"has {segment.size} bytes, its schema needs {plan.total_bytes}")
+            if storage.steps and (self.ctrl[L.C_ROW_CAPACITY] != plan.row_capacity
+                                  or self.ctrl[L.C_REFS_WIDTH] != plan.width):
+                raise corrupt(
+                    f"holds {plan.row_capacity} rows of {plan.width} references, but the "
+                    f"table's control block says {self.ctrl[L.C_ROW_CAPACITY]} of "
+                    f"{self.ctrl[L.C_REFS_WIDTH]}")
+            self._map_columns(segment, storage, plan)
+        except BaseException:
             segment.close()
-            raise errors.LayoutMismatchError(
-                f"Table '{self.name}': data segment {name} has a foreign or corrupt header.")
-        if header["complete"][0] != 1:
-            segment.close()
-            return False
-        length = int(header["schema_len"][0])
-        if not 0 < length < segment.size - L.DATA_HEADER_SIZE:
-            segment.close()
-            raise errors.LayoutMismatchError(
-                f"Table '{self.name}': data segment {name} has an impossible schema length {length}.")
-        storage = cloudpickle.loads(segment.buf[L.DATA_HEADER_SIZE:L.DATA_HEADER_SIZE + length])
-        plan = L.plan_data(storage, self.capacity, length)
-        if plan.total_bytes != segment.size:
-            segment.close()
-            raise errors.LayoutMismatchError(
-                f"Table '{self.name}': data segment {name} has {segment.size} bytes, "
-                f"its schema needs {plan.total_bytes}.")
-        self._map_columns(segment, storage, plan)
+            raise
         return True
 
     def _map_columns(self, segment, storage, plan):
@@ -324,9 +414,16 @@ class TableEngine:
         """Calls a locked kernel; maps the step storage first if the kernel asks for it."""
         status = kernel(*self.arrays, *args)
         if status == codes.UNMAPPED:
-            self.has_columns()
+            self._map_step_storage()
             status = kernel(*self.arrays, *args)
         return status
+
+    def _map_step_storage(self):
+        """Maps the storage a kernel said we lack (``UNMAPPED``); it must exist by then."""
+        if not self.has_columns():
+            raise errors.BufferBrokenError(
+                f"Table '{self.name}' of buffer '{self.buffer_name}' stores steps, but its "
+                "data segment is missing or unfinished: the buffer is corrupt.")
 
     def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None):
         """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between."""
@@ -342,7 +439,7 @@ class TableEngine:
             if status >= 0:
                 return status
             if status == codes.UNMAPPED:
-                self.has_columns()
+                self._map_step_storage()
                 continue
             if status != codes.BLOCKED:
                 self._raise_status(status)

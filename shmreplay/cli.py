@@ -1,4 +1,4 @@
-"""The operator's command line: ``shmreplay ls | info NAME | verify NAME | rm NAME | gc``.
+"""The operator's command line: ``shmreplay ls | info | top | verify | checkpoint | rm | gc``.
 
 Buffers are found by listing ``/dev/shm`` for header segments ``shmreplay.NAME``. A
 buffer whose owner process is gone (it was SIGKILLed, so it could not clean up) is
@@ -8,6 +8,7 @@ reported as ``dead`` and removed by ``gc``.
 import argparse
 import os
 import sys
+import time
 
 from shmreplay import _buffer, _layout, _segment, errors
 from shmreplay._procs import pid_alive
@@ -116,6 +117,142 @@ def cmd_verify(args, out):
     return status
 
 
+def _top_gone(client, name, inode):
+    """Why the watched buffer is gone (stopped, removed or replaced), or None."""
+    header = client._buffer.header
+    stopped = int(header["state"][0]) == _layout.STATE_STOPPED
+    del header  # no view may outlive the mapping when the client closes
+    if stopped:
+        return f"buffer '{name}' was stopped by its owner"
+    try:
+        if os.stat(os.path.join(SHM_DIR, _layout.SEGMENT_PREFIX + name)).st_ino != inode:
+            return f"buffer '{name}' was removed and another one of that name created"
+    except FileNotFoundError:
+        return f"buffer '{name}' was removed (its segments are gone from {SHM_DIR})"
+    return None
+
+
+def _top_snapshot(client):
+    """``{table: (info, can_insert, can_sample, insert_waiters, sample_waiters)}``, now."""
+    snapshot = {}
+    for table, info in client.server_info().items():
+        engine = client._engine(table)
+        snapshot[table] = (info, engine.can_insert(1), engine.can_sample(1),
+                           int(engine.ctrl[_layout.C_SPACE_WAITERS]),
+                           int(engine.ctrl[_layout.C_ITEMS_WAITERS]))
+    return snapshot
+
+
+def _top_limiter(allowed, waiters, info, inserting):
+    """'ok' or 'BLOCKED (why)', as the rate limiter's rules (see ``info``) explain it."""
+    if allowed:
+        text = "ok"
+    elif inserting:
+        text = "BLOCKED (needs samples)"  # (inserts + 1) * spi - samples > max_diff
+    else:
+        limiter = info.rate_limiter_info
+        size = limiter.insert_stats.completed - limiter.delete_stats.completed
+        text = (f"BLOCKED (size < {limiter.min_size_to_sample})"
+                if size < limiter.min_size_to_sample else "BLOCKED (needs inserts)")
+    return text + (f", {waiters} waiting" if waiters else "")
+
+
+def _top_frame(name, before, after, elapsed, interval):
+    pid, alive = _owner(name)
+    owner = f"owner {pid if pid else '?'} {'alive' if alive else 'DEAD (see shmreplay gc)'}"
+    memory = _bytes_in_use(name)
+    memory = f"{memory / 2**20:.1f} MiB" if memory >= 2**20 else f"{memory / 2**10:.0f} KiB"
+    lines = [f"shmreplay top: {name}  {owner}  shared memory {memory}  "
+             f"{time.strftime('%H:%M:%S')}  every {interval:g} s (Ctrl-C quits)"]
+    width = max([5] + [len(table) for table in after])
+    sizes = {table: f"{v[0].current_size}/{v[0].max_size}" for table, v in after.items()}
+    items_width = max([9] + [len(text) for text in sizes.values()])
+    lines.append(f"{'TABLE':{width}s} {'ITEMS':>{items_width}s} {'INSERT/S':>10s} "
+                 f"{'SAMPLE/S':>10s} {'INSERTED':>11s} {'SAMPLED':>11s} {'DELETED':>11s}  "
+                 "INSERTS | SAMPLES")
+    for table, (info, can_insert, can_sample, insert_waiters, sample_waiters) in after.items():
+        old = before.get(table, (info,))[0]
+        # The totals only grow (reset() keeps them); max() guards against anything else.
+        insert_rate = max(0, info.num_inserted - old.num_inserted) / elapsed
+        sample_rate = max(0, info.num_sampled - old.num_sampled) / elapsed
+        lines.append(
+            f"{table:{width}s} {sizes[table]:>{items_width}s} "
+            f"{insert_rate:10.1f} {sample_rate:10.1f} "
+            f"{info.num_inserted:11d} {info.num_sampled:11d} {info.num_deleted:11d}  "
+            f"{_top_limiter(can_insert, insert_waiters, info, True)} | "
+            f"{_top_limiter(can_sample, sample_waiters, info, False)}")
+    return "\n".join(lines) + "\n"
+
+
+def _positive_float(text):
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def cmd_top(args, out):
+    """Refreshes a view of every table every ``--interval`` s; rates are over that interval."""
+    tty = getattr(out, "isatty", lambda: False)()
+    client = None
+    try:
+        from shmreplay.client import Client
+        try:
+            client = Client(args.name)
+            inode = os.stat(os.path.join(SHM_DIR, _layout.SEGMENT_PREFIX + args.name)).st_ino
+        except (errors.BufferNotFoundError, FileNotFoundError):
+            print(f"shmreplay top: no buffer named '{args.name}' on this machine "
+                  "(shmreplay ls lists them)", file=sys.stderr)
+            return 1
+        before, then = _top_snapshot(client), time.monotonic()
+        shown = 0
+        while args.iterations is None or shown < args.iterations:
+            time.sleep(max(0.0, then + args.interval - time.monotonic()))
+            gone = _top_gone(client, args.name, inode)
+            if gone:
+                raise errors.BufferBrokenError(gone)
+            after, now = _top_snapshot(client), time.monotonic()
+            frame = _top_frame(args.name, before, after, now - then, args.interval)
+            out.write(("\x1b[H\x1b[2J" + frame) if tty else (frame + "\n"))
+            out.flush()
+            before, then = after, now
+            shown += 1
+        return 0
+    except errors.BufferBrokenError as exc:  # stopped, removed or replaced while watched
+        print(f"shmreplay top: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # the reader went away (``shmreplay top NAME | head``)
+        try:  # so that the interpreter's final flush of stdout does not complain
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        except (AttributeError, OSError, ValueError):
+            pass
+        return 0
+    finally:
+        if client is not None:
+            client.close()
+
+
+def cmd_checkpoint(args, out):
+    from shmreplay import _checkpoint
+    from shmreplay.client import Client
+    with Client(args.name) as client:
+        progress = None if args.progress is None else args.progress == "on"
+        path = client.checkpoint(args.path, progress=progress)
+    saved = _checkpoint.load(path)
+    items = ", ".join(f"{t.name}: {t.num_items}" for t in saved.tables)
+    print(f"{path}: {os.path.getsize(path) / 2**20:.1f} MiB; items {items}", file=out)
+    return 0
+
+
 def cmd_rm(args, out):
     status = 0
     for name in args.names:
@@ -151,6 +288,10 @@ def _remove(name):
             count += 1
         except FileNotFoundError:
             pass
+        except PermissionError:
+            # /dev/shm is sticky: a segment a group member created is theirs to remove.
+            print(f"shmreplay: cannot remove {SHM_DIR}/{entry}: it belongs to another "
+                  "user", file=sys.stderr)
     return count
 
 
@@ -165,6 +306,20 @@ def main(argv=None, out=None):
     verify = commands.add_parser("verify", help="check every table's invariants")
     verify.add_argument("name")
     verify.set_defaults(run=cmd_verify)
+    top = commands.add_parser("top", help="live view: sizes, insert/sample rates, blocked calls")
+    top.add_argument("name")
+    top.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS",
+                     help="seconds between refreshes; rates are over this interval (1.0)")
+    top.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
+                     help="stop after N refreshes (default: until Ctrl-C)")
+    top.set_defaults(run=cmd_top)
+    checkpoint = commands.add_parser(
+        "checkpoint", help="write a consistent snapshot of every table to a file")
+    checkpoint.add_argument("name")
+    checkpoint.add_argument("path", help="the file, or a directory for a timestamped file")
+    checkpoint.add_argument("--progress", choices=("on", "off"), default=None,
+                            help="progress bar on stderr (default: for large buffers on a terminal)")
+    checkpoint.set_defaults(run=cmd_checkpoint)
     rm = commands.add_parser("rm", help="remove buffers by name")
     rm.add_argument("names", nargs="+")
     rm.add_argument("--force", action="store_true", help="even if the owner is alive")

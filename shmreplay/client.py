@@ -24,26 +24,33 @@ class Client:
 
     Args:
       server_address: The buffer's name (``Server.name``).
+      trust_group: Also attach to a buffer of another user, if its owner shared it
+        with a group this process belongs to (``Server(share_with_group=True)``).
+        Attaching unpickles configuration that any member of that group could have
+        written, which can run their code in this process: pass True only if you
+        trust every member of the group. Buffers of your own user never need it.
 
     Raises:
       BufferNotFoundError: if no buffer of that name exists.
       LayoutMismatchError: if the name belongs to something that is not a compatible
-        shmreplay buffer.
+        shmreplay buffer, or to another user's buffer that is not group-shared or that
+        ``trust_group`` does not accept.
 
     A Client pickles as its name, so it can be passed to ``multiprocessing`` workers;
     each process maps the buffer on first use. It is safe to share between threads.
     """
 
-    def __init__(self, server_address: str):
+    def __init__(self, server_address: str, trust_group: bool = False):
         self._name = validate_name(server_address, "Buffer", _buffer.MAX_BUFFER_NAME)
-        self._buffer = _buffer.attach(self._name)
+        self._trust_group = bool(trust_group)
+        self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
 
     @property
     def server_address(self) -> str:
         return self._name
 
     def __reduce__(self):
-        return (Client, (self._name,))
+        return (Client, (self._name, self._trust_group))
 
     def __repr__(self):
         return f"Client({self._name!r})"
@@ -329,6 +336,48 @@ class Client:
           A list of problems, empty when the table is consistent.
         """
         return self._engine(table).verify()
+
+    def checkpoint(self, path: Optional[str] = None, *, progress=None) -> str:
+        """Writes a consistent snapshot of every table to a checkpoint file.
+
+        Each table is locked only while its items are copied into this process's memory
+        (inserts and samples of that table wait meanwhile); the file is written after.
+        The file appears atomically: it is written under a temporary name and renamed,
+        so a crash mid-way leaves any previous checkpoint at ``path`` intact.
+
+        Args:
+          path: The file to write, or a directory to write a new, timestamped file in.
+            ``None``: the Server's checkpointer directory (or a new temporary directory
+            if the Server has none), keeping only the newest checkpoint there.
+          progress: ``True`` draws a progress bar on stderr, ``False`` never does, a
+            callable receives ``(bytes_done, bytes_total)``; ``None`` draws one for large
+            checkpoints (256 MiB and up) when stderr is a terminal.
+
+        Returns:
+          The absolute path of the checkpoint (for ``Server(checkpoint=...)``).
+
+        Raises:
+          ClosedError: if this client was closed.
+          BufferBrokenError: if the buffer was stopped.
+          OSError: if the file cannot be written (nothing is left behind).
+        """
+        from shmreplay import _checkpoint, checkpointers
+        if self._buffer is None:
+            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+        checkpointer = None
+        if path is None:
+            root = self._buffer.checkpoint_root
+            checkpointer = (checkpointers.TempDirCheckpointer() if root is None
+                            else checkpointers.DefaultCheckpointer(root))
+        elif os.path.isdir(path):
+            checkpointer = checkpointers.DefaultCheckpointer(path)
+        if checkpointer is not None:
+            os.makedirs(checkpointer.path, exist_ok=True)
+            path = checkpointer.new_checkpoint_path()
+        summary = _checkpoint.save(self._buffer.engines, path, self._name, progress)
+        if checkpointer is not None:
+            checkpointer.remove_older_than(summary.path)
+        return summary.path
 
     def server_info(self, timeout: Optional[float] = None):
         """``{table_name: TableInfo}`` for every table."""

@@ -19,6 +19,8 @@ The contract, in one place:
 * ``BufferNotFoundError``: no buffer of that name exists on this machine.
 * ``LayoutMismatchError``: a segment of that name exists but is not a shmreplay buffer
   of this layout version (wrong magic, version or inconsistent header).
+* ``CheckpointError``: a checkpoint file cannot be restored (missing, truncated, foreign,
+  corrupt, or written by an incompatible format version).
 """
 
 
@@ -63,3 +65,7 @@ class InvalidPriorityError(ShmReplayError, ValueError):
 
 class InvalidNameError(ShmReplayError, ValueError):
     """A buffer or table name is empty, too long, or has forbidden characters."""
+
+
+class CheckpointError(ShmReplayError, ValueError):
+    """A checkpoint file is missing, truncated, foreign, corrupt or of another format."""

@@ -15,7 +15,7 @@ import uuid
 import weakref
 from typing import Optional, Sequence
 
-from shmreplay import _buffer, errors
+from shmreplay import _buffer, _checkpoint, checkpointers, errors
 from shmreplay.table import Table, validate_name
 
 
@@ -27,11 +27,31 @@ class Server:
       name: The buffer's address; ``None`` picks a unique one. Letters, digits,
         ``_ . -``; at most 100 characters.
       port: Accepted for Reverb compatibility and ignored (there is no socket).
+      checkpointer: A ``shmreplay.checkpointers`` checkpointer: the Server restores
+        its latest checkpoint (or its fallback), and ``Client.checkpoint()`` without a
+        path writes there.
+      checkpoint: A checkpoint file (or a directory of them: the latest) to restore.
+        Tables are matched by name. Without ``tables``, the checkpoint's are served.
+      reset_rate_limiter: Restore items but start each rate limiter afresh, as if the
+        restored items had just been inserted and never sampled (a limiter restored
+        with millions of recorded samples may otherwise block sampling for a long time).
+      override_config: Keep the sampler, remover, ``max_size``, rate limiter and
+        ``max_times_sampled`` of the given ``tables`` instead of the checkpoint's
+        (Reverb always uses the checkpoint's). With another ``max_size`` the items get
+        new keys, and the remover evicts what no longer fits.
+      share_with_group: Create every segment of the buffer with mode 0660 instead of
+        0600, so that members of this process's group (its effective gid) can attach
+        with ``Client(name, trust_group=True)``. They can then read and write
+        everything, including the pickled configuration that every attaching process
+        unpickles: share only with a group whose members you trust as yourself. See
+        ``docs/security.md``.
 
     Raises:
       ValueError: if ``tables`` is empty, has duplicate names, or a table is already
         served; if ``name`` is invalid.
       FileExistsError: if a buffer with this name already exists.
+      CheckpointError: if the checkpoint to restore cannot be read.
+      SchemaError: if a table's signature does not match its checkpointed items.
 
     Example::
 
@@ -40,7 +60,12 @@ class Server:
     """
 
     def __init__(self, tables: Optional[Sequence[Table]] = None, name: Optional[str] = None,
-                 port=None):
+                 port=None, checkpointer=None, *, checkpoint: Optional[str] = None,
+                 reset_rate_limiter: bool = False, override_config: bool = False,
+                 share_with_group: bool = False):
+        restoring = _checkpoint_to_restore(checkpoint, checkpointer)
+        if restoring is not None:
+            tables = _checkpoint.tables_to_serve(restoring, tables, override_config)
         if not tables:
             raise ValueError("At least one table must be provided.")
         names = [t.name for t in tables]
@@ -58,7 +83,16 @@ class Server:
         self._tables = list(tables)
         self._owner_pid = os.getpid()
         self._stopped = threading.Event()
-        self._buffer = _buffer.create(self._name, self._tables)
+        restore = None
+        if restoring is not None:
+            def restore(buffer):
+                for engine in buffer.engines:
+                    saved = restoring.table(engine.name)
+                    if saved is not None:
+                        _checkpoint.restore_table(engine, saved, reset_rate_limiter)
+        root = None if checkpointer is None else checkpointer.path
+        self._buffer = _buffer.create(self._name, self._tables, checkpoint_root=root,
+                                      restore=restore, mode=0o660 if share_with_group else 0o600)
         for table, engine in zip(self._tables, self._buffer.engines):
             table._engine = engine
         _register(self)
@@ -122,6 +156,20 @@ class Server:
     def __repr__(self):
         state = "stopped" if self.stopped else "serving"
         return f"Server(name={self._name!r}, tables={[t.name for t in self._tables]}, {state})"
+
+
+def _checkpoint_to_restore(path, checkpointer):
+    """The checkpoint a new Server restores, read and checked; None to start empty."""
+    if path is None and checkpointer is not None:
+        path = checkpointer.path_to_restore()
+    if path is None:
+        return None
+    if os.path.isdir(path):
+        latest = checkpointers.latest_in(path)
+        if latest is None:
+            raise errors.CheckpointError(f"No checkpoint in directory {path}.")
+        path = latest
+    return _checkpoint.load(path)
 
 
 # --- owner-exit cleanup -------------------------------------------------------------------

@@ -22,7 +22,7 @@ def validate_name(name, what: str, max_len: int) -> str:
     if len(name) > max_len:
         raise errors.InvalidNameError(
             f"{what} name {name!r} is {len(name)} characters long; the limit is {max_len}.")
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):  # (match would let '$' accept a trailing newline)
         raise errors.InvalidNameError(
             f"{what} name {name!r} may only contain letters, digits, '_', '.' and '-', "
             "and must start with a letter or digit.")

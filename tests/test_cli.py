@@ -98,3 +98,162 @@ def test_info_on_a_missing_buffer_is_a_clear_error():
     result = _cli("info", "test-does-not-exist", check=False)
     assert result.returncode == 2
     assert "No shmreplay buffer" in result.stderr
+
+
+# --- shmreplay top --------------------------------------------------------------------------
+
+import io  # noqa: E402
+import select  # noqa: E402
+
+import _names  # noqa: E402
+from shmreplay import cli  # noqa: E402
+
+_RATE = 200.0  # items/s the feeding process inserts (and samples) into table "replay"
+
+
+def _top_tables():
+    return [shmreplay.Table("replay", selectors.Prioritized(0.5), selectors.Fifo(), 1000,
+                            rate_limiters.MinSize(1)),
+            shmreplay.Table("idle", selectors.Uniform(), selectors.Fifo(), 10,
+                            rate_limiters.MinSize(5)),
+            # band [-1, 3]: a fourth insert without a sample is not allowed
+            shmreplay.Table("ratio", selectors.Uniform(), selectors.Fifo(), 10,
+                            rate_limiters.SampleToInsertRatio(1.0, 1, 2.0))]
+
+
+def _feeder(name):
+    """A process that inserts and samples ``_RATE`` items/s into "replay", kept on schedule."""
+    code = ("import sys, time, numpy as np, shmreplay\n"
+            f"client = shmreplay.Client({name!r})\n"
+            "item, prio = {'x': np.zeros(4, np.float32)}, {'replay': 1.0}\n"
+            "client.insert(item, prio, timeout=10)\n"
+            "client.sample_batch('replay', 1, timeout=10)\n"
+            "print('ready', flush=True)\n"
+            "start, n = time.monotonic(), 0\n"
+            "while time.monotonic() - start < 60:\n"
+            f"    while n < (time.monotonic() - start) * {_RATE}:\n"
+            "        client.insert(item, prio, timeout=10)\n"
+            "        client.sample_batch('replay', 1, timeout=10)\n"
+            "        n += 1\n"
+            "    time.sleep(0.002)\n")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _read_until(proc, text, timeout=60):
+    """What ``proc`` wrote to stdout until ``text`` appeared (bounded by ``timeout``)."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in out:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {text!r} within {timeout} s; got {out!r}"
+        if select.select([proc.stdout], [], [], remaining)[0]:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"stdout closed before {text!r}: {out!r} {proc.stderr.read()!r}"
+            out += chunk
+    return out.decode()
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.kill()
+    return proc.communicate(timeout=10)
+
+
+def _frames(stdout):
+    """``[{table: fields}]``, one dict per refresh of non-TTY ``top`` output."""
+    frames = []
+    for block in stdout.strip().split("\n\n"):
+        lines = block.splitlines()
+        assert lines[0].startswith("shmreplay top: ") and lines[1].startswith("TABLE"), block
+        frames.append({line.split()[0]: line for line in lines[2:]})
+    return frames
+
+
+def test_top_shows_live_rates_sizes_and_blocked_calls(buffer_name):
+    with shmreplay.Server(_top_tables(), name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        for _ in range(3):
+            client.insert({"x": np.zeros(2)}, {"ratio": 1.0}, timeout=5)
+        feeder = _feeder(server.name)
+        try:
+            _read_until(feeder, "ready")
+            result = _cli("top", buffer_name, "--interval", "0.2", "--iterations", "3")
+        finally:
+            _stop(feeder)
+        assert "Traceback" not in result.stderr
+        frames = _frames(result.stdout)
+        assert len(frames) == 3
+        inserted_before = None
+        for frame in frames:
+            assert sorted(frame) == ["idle", "ratio", "replay"]
+            _, items, insert_rate, sample_rate, inserted, sampled, _ = \
+                frame["replay"].split()[:7]
+            insert_rate, sample_rate = float(insert_rate), float(sample_rate)
+            inserted = int(inserted)
+            # The feeder keeps to 200/s on average; one 0.2 s window may run behind or catch up.
+            assert 0 < insert_rate < 10 * _RATE and 0 < sample_rate < 10 * _RATE, frame
+            assert items.endswith("/1000") and int(sampled) > 0
+            if inserted_before is not None:  # the rate is the counter's growth per second
+                assert 0.1 < (inserted - inserted_before) / insert_rate < 0.6, frames
+            inserted_before = inserted
+            assert frame["replay"].endswith("ok | ok")
+            assert frame["idle"].split()[1:7] == ["0/10", "0.0", "0.0", "0", "0", "0"]
+            assert frame["idle"].endswith("ok | BLOCKED (size < 5)")
+            assert frame["ratio"].split()[1] == "3/10"
+            assert "BLOCKED (needs samples) | ok" in frame["ratio"]
+        mean = sum(float(f["replay"].split()[2]) for f in frames) / len(frames)
+        assert _RATE / 3 < mean < 3 * _RATE, result.stdout
+        client.close()
+
+
+def test_top_on_a_missing_buffer_exits_1_with_a_clear_message():
+    result = _cli("top", _names.unique("missing"), "--iterations", "1", check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "no buffer named" in result.stderr and "Traceback" not in result.stderr
+    bad = _cli("top", _names.unique("missing"), "--interval", "0", check=False)
+    assert bad.returncode == 2 and "--interval: must be a number > 0" in bad.stderr
+
+
+def test_top_exits_1_when_the_watched_buffer_is_stopped(buffer_name):
+    server = _server(buffer_name)
+    top = subprocess.Popen([sys.executable, "-m", "shmreplay.cli", "top", buffer_name,
+                            "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _read_until(top, "TABLE")
+        server.stop()
+        top.wait(timeout=30)
+    finally:
+        server.stop()
+        _, stderr = _stop(top)
+    assert top.returncode == 1
+    assert stderr.decode().strip() == (
+        f"shmreplay top: buffer '{buffer_name}' was stopped by its owner")
+
+
+def test_top_ctrl_c_exits_cleanly(buffer_name):
+    with _server(buffer_name):
+        top = subprocess.Popen([sys.executable, "-m", "shmreplay.cli", "top", buffer_name,
+                                "--interval", "0.1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+        try:
+            _read_until(top, "TABLE")
+            top.send_signal(signal.SIGINT)
+            top.wait(timeout=30)
+        finally:
+            _, stderr = _stop(top)
+    assert top.returncode == 0 and stderr == b""
+
+
+def test_top_redraws_in_place_on_a_terminal(buffer_name):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    with _server(buffer_name):
+        screen = Terminal()
+        assert cli.main(["top", buffer_name, "--interval", "0.05", "--iterations", "2"],
+                        out=screen) == 0
+    frames = screen.getvalue().split("\x1b[H\x1b[2J")
+    assert frames[0] == "" and len(frames) == 3
+    assert all(frame.startswith(f"shmreplay top: {buffer_name}") for frame in frames[1:])

@@ -48,6 +48,8 @@ from shmreplay import _layout as L
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
 
+import _names
+
 TABLE = "t"
 SIGNATURE = {"id": TensorSpec((), np.int64)}
 REL = 1e-9
@@ -415,7 +417,6 @@ import numpy as np
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
-import _names
 
 name, exponent, priorities = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3])
 table = shmreplay.Table(name="t", sampler=selectors.Prioritized(exponent),

@@ -24,3 +24,12 @@ CLOSED = -2  # the buffer was stopped
 TOO_BIG = -3  # the batch can never fit in the free slots
 UNMAPPED = -5  # the caller passed placeholder step arrays: map the data segment, call again
 NO_ROWS = -6  # step storage cannot hold the item even with the table emptied
+
+# Crash points (tests only, ``shmreplay._crash_points``): places inside locked kernels
+# where an armed process stops itself, so a test can SIGKILL it there.
+STOP_COMMIT_HALF = 1      # commit: half of a batch's items added, lock held
+STOP_COMMIT_EVICT = 2     # commit: the first eviction done, lock held
+STOP_COMMIT_ONE = 3       # commit_one: the item added, counters not yet, lock held
+STOP_SAMPLE_DRAWN = 4     # sample: every item drawn and counted, lock held
+STOP_MUTATE_HALF = 5      # mutate: deletes done, updates not yet, lock held
+STOP_RESERVE_ITEM = 6     # reserve_item: rows pinned (and evictions done), lock held

@@ -17,7 +17,8 @@ from shmreplay._layout import (
     C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
     C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_REMOVER_KIND, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
     C_RESERVES, C_ROWS_DIRTY, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TREE_LEAVES,
-    F_EXPONENT0, M_KEY, M_LIVE, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER, R_COUNT, R_GEN)
+    C_COMMIT_MARK, C_FRESH, C_HEAD, C_ORDER_SEQ, C_STOP_PID, C_STOP_POINT, F_EXPONENT0, M_KEY, M_LIVE, M_NEXT, M_ORDER, M_STATE, M_TIMES, M_UPDATE, M_VERSION,
+    M_WRITER, R_COUNT, R_GEN)
 
 # Rows of the int64 output block of ``sample``.
 OUT_SLOT, OUT_KEY, OUT_TABLE_SIZE, OUT_TIMES, OUT_VERSION = range(5)
@@ -85,6 +86,13 @@ def _unlock_and_wake(ctrl, wake_items, wake_space):
 
 
 @kernel
+def _stop_point(ctrl, point):
+    """A crash point: stops this process here if a test armed ``point`` for it."""
+    if ctrl[C_STOP_POINT] == point:
+        _sync.stop_self_if(ctrl[C_STOP_PID])
+
+
+@kernel
 def _bump(ctrl, word):
     ctrl[word] = (ctrl[word] + 1) & 0xFFFFFFFF
 
@@ -148,10 +156,13 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
     n = slots.shape[0]
     batch_tree = (ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED
                   and ctrl[C_REMOVER_KIND] != codes.PRIORITIZED)
+    ctrl[C_COMMIT_MARK] = ctrl[C_ORDER_SEQ] + 1  # a crash before the end rolls it back
     for i in range(n):
         out_keys[i] = items.add(ctrl, fctrl, meta, prio, trees, slots[i], priorities[i],
                                 not batch_tree)
         touched[0, i] = slots[i]
+        if i == n // 2:
+            _stop_point(ctrl, codes.STOP_COMMIT_HALF)
     ctrl[C_PENDING] -= n
     ctrl[C_INSERTS] += n
     ctrl[C_TOTAL_INSERTED] += n
@@ -161,9 +172,11 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
         items.remove(ctrl, meta, prio, trees, refs, rows, victim, not batch_tree)
         touched[0, n + evicted] = victim
         evicted += 1
+        _stop_point(ctrl, codes.STOP_COMMIT_EVICT)
     if batch_tree:
         sumtree.set_leaves(trees[0], ctrl[C_TREE_LEAVES], touched[0], n + evicted, prio,
                            fctrl[F_EXPONENT0], meta[:, M_STATE], touched[1])
+    ctrl[C_COMMIT_MARK] = 0
     _bump(ctrl, C_ITEMS_SEQ)
     if evicted:
         _bump(ctrl, C_SPACE_SEQ)
@@ -228,6 +241,7 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
         victim = items.select(ctrl, fctrl, meta, trees, 1, io)
         items.remove(ctrl, meta, prio, trees, refs, rows, victim, True)
         evicted += 1
+    _stop_point(ctrl, codes.STOP_RESERVE_ITEM)
     if step_rows.free_rows(ctrl) < need:
         for d in range(distinct):
             if out_fresh[d] == 0:
@@ -266,6 +280,7 @@ def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io):
     if status != 0:
         return status
     key = items.add(ctrl, fctrl, meta, prio, trees, slot, priority, True)
+    _stop_point(ctrl, codes.STOP_COMMIT_ONE)
     ctrl[C_PENDING] -= 1
     ctrl[C_INSERTS] += 1
     ctrl[C_TOTAL_INSERTED] += 1
@@ -400,6 +415,7 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
                 drained += 1
             count += 1
     ctrl[C_TOTAL_SAMPLED] += count
+    _stop_point(ctrl, codes.STOP_SAMPLE_DRAWN)
     if refs.shape[1] > 0:
         # Row generations, for the seqlock re-check of step storage: a row can be handed
         # to another writer (once no item references it) while its slot is unused.
@@ -459,6 +475,7 @@ def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys,
         if slot >= 0:
             items.remove(ctrl, meta, prio, trees, refs, rows, slot, True)
             deleted += 1
+    _stop_point(ctrl, codes.STOP_MUTATE_HALF)
     updated = 0
     slots = scratch[0]
     for i in range(update_keys.shape[0]):
@@ -532,6 +549,75 @@ def snapshot(ctrl, fctrl, meta, prio, trees, refs, rows, out):
         out[i] = ctrl[i]
     _unlock(ctrl)
     return 0
+
+
+@kernel
+def hold_items(ctrl, fctrl, meta, prio, trees, refs, rows, out_slots, out_fields, out_prio):
+    """Locks the table and lists its live items in insertion order.
+
+    Fills ``out_slots[j]``, ``out_fields[:, j]`` (key, order, update number, times
+    sampled) and ``out_prio[j]`` for each item ``j``. Returns the count WITH THE LOCK
+    HELD, or a negative status (unlocked), or ``-(count + 1000)`` (unlocked) when the
+    outputs are too small for the count. The caller copies the items' data, then calls
+    ``release_hold``. Only checkpoints use this: the one consistent view of all items.
+    """
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
+    size = ctrl[C_SIZE]
+    if size > out_slots.shape[0]:
+        _unlock(ctrl)
+        return -(size + 1000)
+    count = 0
+    slot = ctrl[C_HEAD]
+    while slot >= 0:
+        out_slots[count] = slot
+        out_fields[0, count] = meta[slot, M_KEY]
+        out_fields[1, count] = meta[slot, M_ORDER]
+        out_fields[2, count] = meta[slot, M_UPDATE]
+        out_fields[3, count] = meta[slot, M_TIMES]
+        out_prio[count] = prio[slot]
+        count += 1
+        slot = meta[slot, M_NEXT]
+    return count
+
+
+@kernel
+def release_hold(ctrl):
+    _unlock(ctrl)
+
+
+@kernel
+def restore_items(ctrl, fctrl, meta, prio, trees, refs, rows, slots, keys, orders, updates,
+                  times, priorities, fresh, io):
+    """Makes restored items live in a table no other process uses yet (a new Server).
+
+    The caller has written the items' data (and references) and the counters; this
+    writes each slot's record, lets ``rebuild`` derive every structure from the slot
+    states (order list, sum-trees, heaps, free stacks, row counts), then evicts with
+    the remover while the table holds more than ``max_size``. Returns the evictions.
+    """
+    status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        meta[slot, M_KEY] = keys[i]
+        meta[slot, M_ORDER] = orders[i]
+        meta[slot, M_UPDATE] = updates[i]
+        meta[slot, M_TIMES] = times[i]
+        meta[slot, M_VERSION] += 1
+        prio[slot] = priorities[i]
+        meta[slot, M_STATE] = codes.READY
+    ctrl[C_FRESH] = fresh
+    items.rebuild(ctrl, fctrl, meta, prio, trees, refs, rows)
+    evicted = 0
+    while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
+        victim = items.select(ctrl, fctrl, meta, trees, 1, io)
+        items.remove(ctrl, meta, prio, trees, refs, rows, victim, True)
+        evicted += 1
+    _unlock(ctrl)
+    return evicted
 
 
 @kernel

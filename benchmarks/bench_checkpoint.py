@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Checkpoint and restore speed, and how long a checkpoint pauses each table.
+
+Two full tables, one process, files on the local disk (page cache, then fsync):
+
+* ``small``: a prioritized table of 1,000,000 small transitions (obs, next_obs
+  float32[15], act float32[3], rew, done float32: 140 bytes of data per item).
+* ``frames``: a uniform table of 20,000 Atari-like frames (obs uint8[84, 84, 4]).
+
+For each: ``Client.checkpoint(path)`` (wall time, and the longest time a table's lock
+was held: the pause inserts and samples see), the file's size, and
+``Server(checkpoint=path)`` (restore into a new buffer). Side by side, with the same
+data: cpprb's ``save_transitions`` / ``load_transitions`` (an npz of the data only, no
+priorities or counters; cpprb documents that full state is not saved), and the floor:
+``np.save`` of the same arrays into one file plus fsync.
+
+Usage:  python benchmarks/bench_checkpoint.py [--quick]
+Writes: benchmarks/results/checkpoint[-quick].{json,md}
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def _small(n):
+    rng = np.random.default_rng(0)
+    return {"obs": rng.random((n, 15), np.float32), "next_obs": rng.random((n, 15), np.float32),
+            "act": rng.random((n, 3), np.float32), "rew": rng.random(n, np.float32),
+            "done": np.zeros(n, np.float32)}
+
+
+def _frames(n):
+    rng = np.random.default_rng(0)
+    return {"obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8)}
+
+
+def _fsync_file(path):
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def bench_shmreplay(shmreplay, name, data, prioritized, directory):
+    from shmreplay import _checkpoint, rate_limiters, selectors
+    n = len(next(iter(data.values())))
+    sampler = selectors.Prioritized(0.6) if prioritized else selectors.Uniform()
+    table = shmreplay.Table("t", sampler, selectors.Fifo(), n, rate_limiters.MinSize(1))
+    path = os.path.join(directory, f"{name}.shmreplay")
+    with shmreplay.Server([table], name=f"bench-ckpt-{os.getpid()}") as server:
+        client = shmreplay.Client(server.name)
+        step = 50_000 if prioritized else 2_000
+        priorities = np.random.default_rng(1).random(n) + 0.1
+        for start in range(0, n, step):
+            chunk = {k: v[start:start + step] for k, v in data.items()}
+            client.insert_batch(chunk, {"t": priorities[start:start + step]})
+        started = time.perf_counter()
+        summary = _checkpoint.save(client._buffer.engines, path, server.name, progress=False)
+        save_seconds = time.perf_counter() - started
+        client.close()
+    started = time.perf_counter()
+    with shmreplay.Server(name=f"bench-rest-{os.getpid()}", checkpoint=path) as restored:
+        restore_seconds = time.perf_counter() - started
+        assert restored._tables[0].info.current_size == n
+    size = os.path.getsize(path)
+    os.unlink(path)
+    return {"save_s": save_seconds, "max_hold_s": summary.max_hold_seconds,
+            "restore_s": restore_seconds, "file_bytes": size}
+
+
+def bench_cpprb(cpprb, name, data, directory):
+    n = len(next(iter(data.values())))
+    env_dict = {k: {"shape": v.shape[1:] or 1, "dtype": v.dtype} for k, v in data.items()}
+    buffer = cpprb.ReplayBuffer(n, env_dict)
+    step = 50_000
+    for start in range(0, n, step):
+        buffer.add(**{k: v[start:start + step] for k, v in data.items()})
+    path = os.path.join(directory, f"{name}-cpprb.npz")
+    started = time.perf_counter()
+    buffer.save_transitions(path, safe=True)
+    _fsync_file(path)
+    save_seconds = time.perf_counter() - started
+    fresh = cpprb.ReplayBuffer(n, env_dict)
+    started = time.perf_counter()
+    fresh.load_transitions(path)
+    restore_seconds = time.perf_counter() - started
+    assert fresh.get_stored_size() == n
+    size = os.path.getsize(path)
+    os.unlink(path)
+    return {"save_s": save_seconds, "restore_s": restore_seconds, "file_bytes": size}
+
+
+def bench_numpy_floor(name, data, directory):
+    path = os.path.join(directory, f"{name}-raw.npy")
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        for array in data.values():
+            np.save(f, array)
+        f.flush()
+        os.fsync(f.fileno())
+    save_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    with open(path, "rb") as f:
+        loaded = [np.load(f) for _ in data]
+    restore_seconds = time.perf_counter() - started
+    assert all(a.shape == b.shape for a, b in zip(loaded, data.values()))
+    size = os.path.getsize(path)
+    os.unlink(path)
+    return {"save_s": save_seconds, "restore_s": restore_seconds, "file_bytes": size}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--quick", action="store_true", help="a tenth of the items")
+    args = parser.parse_args()
+    shmreplay, why = C.load_shmreplay()
+    cpprb, why_cpprb = C.load_cpprb()
+    info = C.machine_info()
+    scale = 10 if args.quick else 1
+    cases = [("small", _small(1_000_000 // scale), True), ("frames", _frames(20_000 // scale), False)]
+    directory = tempfile.mkdtemp(prefix="shmreplay-bench-ckpt-", dir=os.path.expanduser("~"))
+    results = {}
+    try:
+        for name, data, prioritized in cases:
+            mib = sum(v.nbytes for v in data.values()) / 2**20
+            row = {"items": len(next(iter(data.values()))), "data_mib": mib,
+                   "floor": bench_numpy_floor(name, data, directory)}
+            if shmreplay is not None:
+                row["shmreplay"] = bench_shmreplay(shmreplay, name, data, prioritized, directory)
+            if cpprb is not None:
+                row["cpprb"] = bench_cpprb(cpprb, name, data, directory)
+            results[name] = row
+            del data
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    headers = ["case", "data MiB", "lib", "save s", "MiB/s", "max pause s", "restore s",
+               "file MiB", "save vs floor", "restore vs floor"]
+    rows = []
+    for name, row in results.items():
+        floor = row["floor"]
+        for lib in ("shmreplay", "cpprb", "floor"):
+            if lib not in row:
+                continue
+            r = row[lib]
+            rows.append([name, C.fmt_num(row["data_mib"]), lib, f"{r['save_s']:.3f}",
+                         C.fmt_num(row["data_mib"] / r["save_s"]),
+                         f"{r['max_hold_s']:.3f}" if "max_hold_s" in r else "-",
+                         f"{r['restore_s']:.3f}", C.fmt_num(r["file_bytes"] / 2**20),
+                         C.fmt_ratio(r["save_s"] / floor["save_s"]),
+                         C.fmt_ratio(r["restore_s"] / floor["restore_s"])])
+    notes = ["files on the local disk (ext4 on virtio); every save ends with fsync",
+             "max pause: the longest time one table's lock was held (inserts and samples wait)",
+             "cpprb saves the data only (no priorities, counters or order); so does the floor"]
+    if why:
+        notes.append(f"shmreplay: n/a ({why})")
+    if why_cpprb:
+        notes.append(f"cpprb: n/a ({why_cpprb})")
+    markdown = (C.markdown_header("Checkpoint and restore", info, notes) + "\n"
+                + C.render_table(headers, rows, markdown=True))
+    print(C.render_table(headers, rows))
+    stem = "checkpoint-quick" if args.quick else "checkpoint"
+    for path in C.write_results(stem, {"machine": info, "results": results}, markdown):
+        print("wrote", path)
+    C.check_clean()
+
+
+if __name__ == "__main__":
+    main()

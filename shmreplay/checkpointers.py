@@ -1,0 +1,102 @@
+"""Where checkpoints go and which one a Server restores (Reverb's ``checkpointers``).
+
+A checkpointer is a directory: ``Client.checkpoint()`` writes a new file there, named
+by its UTC time, and removes the older ones (Reverb keeps only the latest too). A
+``Server`` given a checkpointer restores the newest complete checkpoint in it, or else
+its ``fallback_checkpoint_path``, or else starts empty::
+
+    checkpointer = shmreplay.checkpointers.DefaultCheckpointer("/data/replay")
+    server = shmreplay.Server(tables, name="replay", checkpointer=checkpointer)
+    ...
+    path = shmreplay.Client("replay").checkpoint()   # /data/replay/20261122T154501.123456Z.shmreplay
+
+Checkpoints can also be written to and restored from explicit files:
+``Client.checkpoint(path)`` and ``Server(..., checkpoint=path)``.
+"""
+
+import datetime
+import os
+import tempfile
+from typing import Optional
+
+SUFFIX = ".shmreplay"
+
+
+class CheckpointerBase:
+    """A directory of checkpoints. Subclasses choose the directory."""
+
+    def __init__(self, path: str, group: str = "",
+                 fallback_checkpoint_path: Optional[str] = None):
+        self.path = os.path.abspath(path)
+        self.group = group  # accepted for Reverb compatibility; permissions come from
+        #                    the directory
+        self.fallback_checkpoint_path = fallback_checkpoint_path
+
+    def new_checkpoint_path(self) -> str:
+        """A fresh file name in the directory, later than every existing one."""
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        path = os.path.join(self.path, stamp + SUFFIX)
+        latest = self.latest()
+        if latest is not None and os.path.basename(latest) >= os.path.basename(path):
+            # The clock went backwards (or two checkpoints in one microsecond): stay sorted.
+            path = latest[:-len(SUFFIX)] + "_1" + SUFFIX
+        return path
+
+    def latest(self) -> Optional[str]:
+        """The newest checkpoint in the directory, or None."""
+        return latest_in(self.path)
+
+    def path_to_restore(self) -> Optional[str]:
+        """What a Server restores: the latest checkpoint, else the fallback, else None."""
+        return self.latest() or self.fallback_checkpoint_path
+
+    def remove_older_than(self, keep: str):
+        """Deletes the directory's checkpoints older than ``keep`` (only ours, by suffix)."""
+        for name in _checkpoint_names(self.path):
+            path = os.path.join(self.path, name)
+            if name < os.path.basename(keep):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.path!r})"
+
+
+class DefaultCheckpointer(CheckpointerBase):
+    """Checkpoints in ``path`` (created if missing).
+
+    Args:
+      path: The directory.
+      group: Accepted for Reverb compatibility, unused.
+      fallback_checkpoint_path: A checkpoint file (or directory of checkpoints) to
+        restore when ``path`` holds none yet, e.g. to start from another run's data.
+    """
+
+
+class TempDirCheckpointer(DefaultCheckpointer):
+    """Checkpoints in a new private temporary directory (Reverb's default)."""
+
+    def __init__(self, group: str = "", fallback_checkpoint_path: Optional[str] = None):
+        super().__init__(tempfile.mkdtemp(prefix="shmreplay-checkpoints-"), group,
+                         fallback_checkpoint_path)
+
+
+def default_checkpointer(group: Optional[str] = None) -> TempDirCheckpointer:
+    """Reverb's ``default_checkpointer``: a ``TempDirCheckpointer``."""
+    return TempDirCheckpointer(group or "")
+
+
+def latest_in(directory: str) -> Optional[str]:
+    """The newest checkpoint file in ``directory`` (by name), or None."""
+    names = _checkpoint_names(directory)
+    return os.path.join(directory, max(names)) if names else None
+
+
+def _checkpoint_names(directory: str):
+    try:
+        return [n for n in os.listdir(directory)
+                if n.endswith(SUFFIX) and not n.startswith(".")]
+    except FileNotFoundError:
+        return []

@@ -37,7 +37,9 @@ class TrajectoryColumn:
         older than ``num_keep_alive_refs``), or ``squeeze`` is set with != 1 reference.
     """
 
-    __slots__ = ("_refs", "_squeeze", "_path")
+    # ``_window``: the refs are consecutive steps of one field's history, oldest first
+    # (``history[field][-n:]``), so ``create_item`` checks only their ends.
+    __slots__ = ("_refs", "_squeeze", "_path", "_window")
 
     def __init__(self, data_references, *, squeeze: bool = False, path=None):
         refs = data_references if type(data_references) is list else list(data_references)
@@ -53,14 +55,16 @@ class TrajectoryColumn:
         self._refs = refs
         self._squeeze = squeeze
         self._path = path
+        self._window = False
 
     @classmethod
-    def _trusted(cls, refs, squeeze, path):
+    def _trusted(cls, refs, squeeze, path, window=False):
         """A column over ``refs`` that the caller checked (no None; one ref if squeezed)."""
         column = cls.__new__(cls)
         column._refs = refs
         column._squeeze = squeeze
         column._path = path
+        column._window = window
         return column
 
     @property
@@ -162,7 +166,7 @@ class _ColumnHistory:
                 # ``[-n:]``, the usual recent window: straight from the kept refs.
                 window = list(itertools.islice(refs, len(refs) + first, None))
                 if None not in window:
-                    return TrajectoryColumn._trusted(window, False, self.path)
+                    return TrajectoryColumn._trusted(window, False, self.path, window=True)
             start = self.start
             first, stop, stride = index.indices(start + len(self.refs))
             if stride == 1 and first >= start:  # the usual recent window
@@ -323,10 +327,11 @@ class TrajectoryWriter:
         self._episode_steps += 1
         self._history_steps += 1
         self._next_uid = None
-        steps = self._history_steps
-        for column in self._columns.values():
-            if column.start + len(column.refs) < steps:
-                column.extend_to(steps)
+        if len(step) < len(columns):  # some fields are absent from this step: pad them
+            steps = self._history_steps
+            for column in columns.values():
+                if column.start + len(column.refs) < steps:
+                    column.extend_to(steps)
         if self._pending:
             self._pending.drain(0.0)
         if self._episode_steps % 256 == 0:
@@ -446,8 +451,25 @@ class TrajectoryWriter:
         shape = []
         episode = leaves[0]._refs[0].episode if leaves[0]._refs else None
         uids = None      # the steps every column reads, while they all read the same ones
+        window_ends = None  # (first uid, last uid) while every column is a history window
         for leaf, path in zip(leaves, paths):
             refs = leaf._refs
+            if leaf._window:
+                # Consecutive steps of one field, oldest first: the oldest expires first
+                # and episodes only grow, so checking the ends checks them all.
+                first, last = refs[0], refs[-1]
+                if not first.expired and first.episode == episode == last.episode:
+                    source = first.path
+                    columns.append(_writing.ItemColumn(refs, False, source))
+                    shape.append((source, len(refs), False))
+                    ends = (first.uid, last.uid)
+                    if uids is None:
+                        uids = [ref.uid for ref in refs]
+                        window_ends = ends
+                    elif ends != window_ends:
+                        uids = False
+                    continue
+            window_ends = False
             if not refs:
                 raise ValueError(f"create_item: column {path} is empty.")
             source = refs[0].path

@@ -812,6 +812,34 @@ class TableEngine:
             self._raise_status(status)
         return bool(status)
 
+    def blocked(self):
+        """Why an insert and why a sample would wait now: ``(insert_reason, sample_reason)``,
+        each None when that call would proceed. From one consistent read of the counters,
+        in the terms of the rate limiter's rules (``docs/concepts.md``)."""
+        c = self.counters()
+        limiter = self.config.rate_limiter
+        spi, min_size = limiter.samples_per_insert, int(c[L.C_MIN_SIZE])
+        inserts, samples, pending = int(c[L.C_INSERTS]), int(c[L.C_SAMPLES]), int(c[L.C_PENDING])
+        size = int(c[L.C_SIZE])
+        insert = sample = None
+        free = int(c[L.C_FREE_TOP] + c[L.C_CAPACITY] - c[L.C_FRESH])
+        ahead = (inserts + pending + 1) * spi - samples
+        if inserts + pending + 1 - int(c[L.C_DELETES]) > min_size and ahead > limiter.max_diff:
+            insert = (f"waits for samples: (inserts {inserts} + in flight {pending} + 1) x "
+                      f"{spi:g} samples per insert - samples {samples} = {ahead:g} > max_diff "
+                      f"{limiter.max_diff:g}")
+        elif free < 1:
+            insert = "waits for a free slot: every spare slot is being written"
+        if size == 0:
+            sample = "waits for items: the table is empty"
+        elif inserts - int(c[L.C_DELETES]) < min_size:
+            sample = (f"waits for inserts: {inserts - int(c[L.C_DELETES])} items < "
+                      f"min_size_to_sample {min_size}")
+        elif inserts * spi - samples - 1 < limiter.min_diff:
+            sample = (f"waits for inserts: inserts {inserts} x {spi:g} - samples {samples} - 1 "
+                      f"= {inserts * spi - samples - 1:g} < min_diff {limiter.min_diff:g}")
+        return insert, sample
+
     def counters(self) -> np.ndarray:
         out = np.empty(L.CTRL_WORDS, np.int64)
         status = kernels.snapshot(*self.arrays, out)

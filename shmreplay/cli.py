@@ -103,6 +103,10 @@ def cmd_info(args, out):
                       f"{info.storage_bytes / 2**20:.1f} MiB in memory", file=out)
             print(f"  can insert now: {engine.can_insert(1)}; can sample now: "
                   f"{engine.can_sample(1)}", file=out)
+            insert_reason, sample_reason = engine.blocked()
+            for call, reason in (("insert", insert_reason), ("sample", sample_reason)):
+                if reason is not None:
+                    print(f"  next {call} {reason}", file=out)
     return 0
 
 

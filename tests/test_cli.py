@@ -36,6 +36,8 @@ def test_ls_info_and_verify_describe_a_live_buffer(buffer_name):
         assert "table replay: 1/100 items" in info
         assert "priority_exponent" in info
         assert "can sample now: False" in info  # MinSize(2) with one item
+        assert "next sample waits for inserts: 1 items < min_size_to_sample 2" in info
+        assert "next insert" not in info
         assert _cli("verify", buffer_name).stdout.strip() == "replay: ok"
         client.close()
 
@@ -257,3 +259,14 @@ def test_top_redraws_in_place_on_a_terminal(buffer_name):
     frames = screen.getvalue().split("\x1b[H\x1b[2J")
     assert frames[0] == "" and len(frames) == 3
     assert all(frame.startswith(f"shmreplay top: {buffer_name}") for frame in frames[1:])
+
+
+def test_info_says_why_a_full_queue_blocks_inserts(buffer_name):
+    with shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert_batch({"x": np.zeros((2, 4))}, {"q": 1.0})
+        info = _cli("info", buffer_name).stdout
+        assert "next insert waits for samples: (inserts 2 + in flight 0 + 1) x 1 samples " \
+               "per insert - samples 0 = 3 > max_diff 2" in info
+        assert "next sample" not in info
+        client.close()

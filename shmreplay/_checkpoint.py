@@ -21,8 +21,12 @@ file is trusted input, like any pickle (see ``docs/security.md``).
 """
 
 import dataclasses
+import gc
 import os
+import re
+import signal
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -34,7 +38,7 @@ import numpy as np
 
 from shmreplay import _layout as L
 from shmreplay import errors, specs
-from shmreplay._kernels import table as kernels
+from shmreplay._kernels import codes, table as kernels
 
 MAGIC = b"SHMRCKPT"
 FORMAT_VERSION = 1
@@ -85,46 +89,49 @@ def snapshot_table(engine) -> TableSnapshot:
     are complete and immutable, so the copy is consistent. The destination memory is
     allocated and touched *before* the lock is taken: first-touch page faults cost more
     than the copy itself, and nobody should wait for them.
+
+    While the lock is held, this thread runs no Python signal handler and no garbage
+    collection (both are deferred to the release): a handler or finalizer that touched
+    the same table from this thread would wait forever for the lock it holds (a
+    Server's SIGINT/SIGTERM handler closes every table), and an exception raised
+    between the lock and the ``try`` could leave the lock held by a live process.
     """
     room = rows_room = 0
     while True:
         engine.has_columns()
+        storage = engine.storage
         room = max(room, _room(engine.ctrl[L.C_SIZE] + engine.ctrl[L.C_PENDING], engine.capacity))
-        steps = engine.storage is not None and engine.storage.steps
+        steps = storage is not None and storage.steps
         if steps:
             rows_room = max(rows_room, _room(engine.ctrl[L.C_ROW_FRESH],
                                              int(engine.ctrl[L.C_ROW_CAPACITY])))
         out = _Outputs(engine, room, rows_room)
-        started = time.perf_counter()
-        count = engine._call(kernels.hold_items, out.slots, out.fields, out.priority)
+        with _HeldQuietly():
+            started = time.perf_counter()
+            count = engine._call(kernels.hold_items, out.slots, out.fields, out.priority)
+            if count >= 0:
+                try:
+                    stored_rows = int(engine.ctrl[L.C_ROW_FRESH])
+                    if engine.ctrl[L.C_CLOSED]:
+                        count = codes.CLOSED  # the owner stopped the buffer
+                    elif (engine.storage is not storage or (count > 0 and storage is None)
+                            or (steps and stored_rows > rows_room)):
+                        # Storage appeared (some process defined it; a kernel that found
+                        # it unmapped had it mapped), or rows grew, since we looked.
+                        count = None
+                    else:
+                        counters = _copy_held(engine, out, storage, count, stored_rows)
+                finally:
+                    kernels.release_hold(engine.ctrl)
+                held = time.perf_counter() - started
+        if count is None:
+            continue
         if count <= _TOO_SMALL:
             room = -count + _TOO_SMALL + 1024
             continue
         if count < 0:
             engine._raise_status(count)
-        stored_rows = int(engine.ctrl[L.C_ROW_FRESH])
-        if (count > 0 and engine.columns is None) or (steps and stored_rows > rows_room):
-            # Storage appeared, or rows grew, since we looked: prepare again.
-            kernels.release_hold(engine.ctrl)
-            continue
         break
-    try:
-        slots = out.slots[:count]
-        # A table filled in order holds its items in one run of slots: copy slices.
-        rows = slice(int(slots[0]), int(slots[0]) + count) if (
-            count and kernels.ascending_run(slots)) else slots
-        counters = {name: int(engine.ctrl[getattr(L, name)]) for name in _COUNTERS}
-        storage = engine.storage
-        if storage is not None and not storage.steps:
-            for column, copy in zip(engine.columns, out.stores):
-                _copy_rows(column, rows, copy[:count])
-        elif storage is not None:
-            _copy_rows(engine.refs, rows, out.refs[:count])
-            for store, copy in zip(engine.columns, out.stores):
-                copy[:stored_rows] = store[:stored_rows]
-    finally:
-        kernels.release_hold(engine.ctrl)
-    held = time.perf_counter() - started
     arrays = {name: out.fields[i, :count] for i, name in enumerate(_ITEM_FIELDS)}
     arrays["priority"] = out.priority[:count]
     if storage is not None and not storage.steps:
@@ -132,11 +139,67 @@ def snapshot_table(engine) -> TableSnapshot:
             arrays[f"store{index}"] = copy[:count]
     elif storage is not None:
         used, dense = np.unique(out.refs[:count], return_inverse=True)
-        arrays["refs"] = dense.reshape(count, -1).astype(np.int32)
+        arrays["refs"] = dense.reshape(out.refs[:count].shape).astype(np.int32)
         for index, copy in enumerate(out.stores):
             arrays[f"store{index}"] = copy[used]  # only the rows items reference, densely
     return TableSnapshot(engine.name, engine.config, storage, engine.capacity,
                          int(engine.ctrl[L.C_SLOT_BITS]), counters, arrays, held)
+
+
+def _copy_held(engine, out, storage, count, stored_rows):
+    """Copies the held table's items into ``out``; returns its counters."""
+    slots = out.slots[:count]
+    # A table filled in order holds its items in one run of slots: copy slices.
+    rows = slice(int(slots[0]), int(slots[0]) + count) if (
+        count and kernels.ascending_run(slots)) else slots
+    counters = {name: int(engine.ctrl[getattr(L, name)]) for name in _COUNTERS}
+    if storage is not None and not storage.steps:
+        for column, copy in zip(engine.columns, out.stores):
+            _copy_rows(column, rows, copy[:count])
+    elif storage is not None:
+        _copy_rows(engine.refs, rows, out.refs[:count])
+        for store, copy in zip(engine.columns, out.stores):
+            copy[:stored_rows] = store[:stored_rows]
+    return counters
+
+
+class _HeldQuietly:
+    """Defers Python signal handlers (main thread only: no other thread runs them) and
+    garbage collection for the duration of a ``with`` block; caught signals are raised
+    again, to their own handlers, at its end."""
+
+    def __enter__(self):
+        self._gc = gc.isenabled()
+        gc.disable()
+        self._saved = {}
+        self._caught = []
+        if threading.current_thread() is threading.main_thread():
+            for signum in _HANDLED_SIGNALS:
+                handler = signal.getsignal(signum)
+                if callable(handler):
+                    self._saved[signum] = handler
+                    signal.signal(signum, self._note)
+        return self
+
+    def _note(self, signum, frame):
+        self._caught.append(signum)
+
+    def __exit__(self, *exc):
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+        if self._gc:
+            gc.enable()
+        for signum in dict.fromkeys(self._caught):
+            signal.raise_signal(signum)  # its handler runs now, the lock released
+        return False
+
+
+# Signals whose Python handlers are deferred while a table is held (not the ones a fault
+# raises: their handlers cannot wait).
+_HANDLED_SIGNALS = tuple(sorted(
+    set(signal.valid_signals())
+    - {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+       signal.SIGILL, signal.SIGABRT, signal.SIGTRAP}))
 
 
 _TOO_SMALL = -1000  # hold_items: -(count + 1000) when the outputs have too little room
@@ -280,17 +343,32 @@ def _estimated_bytes(engine) -> int:
             + int(engine.ctrl[L.C_ROWS_LIVE]) * row_bytes)
 
 
+_TEMPORARY = re.compile(r"\.(?P<target>.+)\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{8}")
+# Another checkpoint's temporary is removed only once it is this old (seconds): its
+# writer may run on another machine sharing the directory, where its pid means nothing.
+_STALE_AFTER = 600
+
+
 def _remove_stale_temporaries(path: str):
-    """Removes temporaries that a checkpoint writer killed mid-way left next to ``path``."""
+    """Removes temporaries that checkpoint writers killed mid-way left next to ``path``:
+    those of ``path`` itself and, since checkpoints written into a directory get a new
+    name every time, old ones of every ``*.shmreplay`` checkpoint in its directory."""
     from shmreplay._procs import pid_alive
+    from shmreplay.checkpointers import SUFFIX
     directory, base = os.path.split(path)
-    prefix = f".{base}.tmp-"
     for name in os.listdir(directory):
-        if not name.startswith(prefix):
+        match = _TEMPORARY.fullmatch(name)
+        if match is None or pid_alive(int(match["pid"])):
             continue
-        pid = name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            _unlink_quietly(os.path.join(directory, name))
+        temporary = os.path.join(directory, name)
+        if match["target"] != base:
+            try:
+                age = time.time() - os.stat(temporary).st_mtime
+            except OSError:
+                continue
+            if not match["target"].endswith(SUFFIX) or age < _STALE_AFTER:
+                continue
+        _unlink_quietly(temporary)
 
 
 def _unlink_quietly(path: str):
@@ -428,12 +506,72 @@ def load(path: str) -> Checkpoint:
     except Exception as exc:
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest cannot be read.") from exc
     for table in tables:
-        for key, (offset, descr, shape) in table.layout.items():
-            nbytes = np.lib.format.descr_to_dtype(descr).itemsize * int(np.prod(shape))
-            if offset < FILE_HEADER_SIZE or offset + nbytes > size:
-                raise errors.CheckpointError(
-                    f"Checkpoint {path}: table '{table.name}' array {key} lies outside the file.")
+        _check_table(path, size, table)
     return Checkpoint(path, int(manifest["created_ns"]), str(manifest["buffer"]), tables)
+
+
+def _check_table(path: str, size: int, table: "TableCheckpoint"):
+    """Checks one table's manifest entry: its storage and every array's place, dtype and
+    shape against its item count (the arrays' values are checked by ``restore_table``).
+
+    Raises:
+      CheckpointError: if anything does not match what ``save`` writes.
+    """
+    from shmreplay import _storage
+    from shmreplay.table import Table
+
+    def corrupt(problem):
+        return errors.CheckpointError(f"Checkpoint {path}: table '{table.name}' {problem}.")
+
+    if not isinstance(table.config, Table) or table.config.name != table.name:
+        raise corrupt("has no valid configuration")
+    if table.storage is not None and (type(table.storage) is not _storage.Storage
+                                      or type(table.storage.steps) is not bool):
+        raise corrupt("has an invalid storage description")
+    if not (0 <= table.num_items <= table.capacity and table.capacity > 0
+            and table.slot_bits == L.slot_bits(table.capacity)):
+        raise corrupt(f"has {table.num_items} items in {table.capacity} slots of "
+                      f"{table.slot_bits} key bits")
+    if set(table.counters) != set(_COUNTERS) or not all(
+            type(v) is int and v >= 0 for v in table.counters.values()):
+        raise corrupt("has invalid counters")
+    n = table.num_items
+    expected = {name: (np.dtype(np.int64), (n,)) for name in _ITEM_FIELDS}
+    expected["priority"] = (np.dtype(np.float64), (n,))
+    stored = None
+    storage = table.storage
+    if storage is not None:
+        try:
+            store_specs = [(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
+                           for spec in storage.store_specs]
+        except Exception as exc:
+            raise corrupt("has an invalid storage description") from exc
+        if storage.steps:
+            expected["refs"] = (np.dtype(np.int32), (n, storage.width))
+            try:  # the steps stored: every store holds as many
+                stored = table.layout["store0"][2][0]
+            except Exception:
+                stored = None
+            if type(stored) is not int or stored < 0 or not store_specs:
+                raise corrupt("has no valid step stores")
+        for index, (dtype, shape) in enumerate(store_specs):
+            expected[f"store{index}"] = (dtype, ((stored,) if storage.steps else (n,)) + shape)
+    if set(table.layout) != set(expected):
+        raise corrupt(f"has arrays {sorted(table.layout)}, not {sorted(expected)}")
+    for key, entry in table.layout.items():
+        try:
+            offset, descr, shape = entry
+            dtype = np.lib.format.descr_to_dtype(descr)
+            shape = tuple(shape)
+            valid = (type(offset) is int and all(type(d) is int for d in shape)
+                     and (dtype, shape) == expected[key])
+        except Exception:
+            valid = False
+        if not valid:
+            raise corrupt(f"array {key} is not {expected[key][0]} of shape {expected[key][1]}")
+        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if offset < FILE_HEADER_SIZE or offset + nbytes > size:
+            raise corrupt(f"array {key} lies outside the file")
 
 
 # --- restoring ----------------------------------------------------------------------------
@@ -477,25 +615,37 @@ def _config_differences(table, saved) -> List[str]:
         mine, theirs = getattr(table, field), getattr(saved, field)
         if repr(mine) != repr(theirs):
             differences.append(f"{field} {theirs!r} instead of {mine!r}")
+    if _signature_key(table.signature) != _signature_key(saved.signature):
+        differences.append(f"signature {saved.signature} instead of {table.signature}")
     return differences
+
+
+def _signature_key(signature):
+    """What makes two signatures the same: their paths, shapes and dtypes."""
+    if signature is None:
+        return None
+    leaves, tree = specs.flatten(signature)
+    return (specs.path_strings(tree), [(tuple(s.shape), np.dtype(s.dtype)) for s in leaves])
 
 
 def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> int:
     """Fills a new, empty table (not yet visible to other processes) from a checkpoint.
 
     Keys are kept when the table has the checkpoint's capacity (its ``max_size``); a
-    table restored with another ``max_size`` gives its items new keys. Items beyond the
-    new ``max_size`` are evicted by the remover. Returns the number evicted.
+    table restored with another ``max_size`` gives its items new keys, which no key
+    issued before the checkpoint can name. Items beyond the new ``max_size`` are evicted
+    by the remover. Returns the number evicted.
 
     Raises:
       SchemaError: if the table's signature does not match the checkpoint's items.
       ValueError: if the table cannot hold the checkpoint's items.
+      CheckpointError: if the checkpoint's arrays are inconsistent (damaged).
     """
     count = saved.num_items
     storage = saved.storage
+    fields = _checked_items(saved)
     if storage is not None:
         _check_signature(engine, storage)
-        engine._create_data_segment(storage)
     counters = dict(saved.counters)
     if reset_rate_limiter:
         counters.update(C_INSERTS=count, C_SAMPLES=0, C_DELETES=0)
@@ -503,15 +653,32 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
         raise ValueError(
             f"Table '{engine.name}': the checkpoint holds {count} items, more than a table "
             f"of max_size {engine.config.max_size} has room for ({engine.capacity} slots).")
-    keys = saved.array("key").astype(np.int64)
+    invalid = kernels.first_invalid_priority(fields["priority"], engine.max_priority)
+    if invalid >= 0:
+        raise ValueError(
+            f"Table '{engine.name}': the checkpoint's priority {fields['priority'][invalid]} "
+            f"is above the largest this table's selectors allow ({engine.max_priority}).")
+    keys = fields["key"]
     bits = int(engine.ctrl[L.C_SLOT_BITS])
     if engine.capacity == saved.capacity and bits == saved.slot_bits:
         slots = keys & ((1 << bits) - 1)
     else:
         slots = np.arange(count, dtype=np.int64)
-        keys = ((keys >> saved.slot_bits) << bits) | slots
+        ids = keys >> saved.slot_bits
+        if bits != saved.slot_bits:
+            # Keys the checkpointed run issued are below NEXT_ID << its slot bits: new
+            # item ids start where none of them, read with these bits, can reach.
+            next_id = counters["C_NEXT_ID"]
+            first = max(next_id, ((next_id << saved.slot_bits) >> bits) + 1)
+            if (first + count) << bits >= 1 << 63:
+                raise ValueError(f"Table '{engine.name}': no keys left for the restored items.")
+            ids = first + slots
+            counters["C_NEXT_ID"] = first + count
+        keys = (ids << bits) | slots
     rows = slice(int(slots[0]), int(slots[0]) + count) if (
         count and kernels.ascending_run(slots)) else slots
+    if storage is not None:
+        engine._create_data_segment(storage)
     if storage is not None and not storage.steps:
         for index, column in enumerate(engine.columns):
             column[rows] = saved.array(f"store{index}")
@@ -522,20 +689,55 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
                 f"Table '{engine.name}': the checkpoint's items reference {stored} distinct "
                 f"steps; a table of max_size {engine.config.max_size} stores at most "
                 f"{int(engine.ctrl[L.C_ROW_CAPACITY])}.")
+        refs = saved.array("refs")
+        if count and (refs.min() < 0 or refs.max() >= stored):
+            raise _damaged(saved, "references steps it does not hold")
         for index, store in enumerate(engine.columns):
             store[:stored] = saved.array(f"store{index}")
-        engine.refs[rows] = saved.array("refs")
+        engine.refs[rows] = refs
         engine.ctrl[L.C_ROW_FRESH] = stored
     for name, value in counters.items():
         engine.ctrl[getattr(L, name)] = value
     fresh = int(slots.max()) + 1 if count else 0
     evicted = kernels.restore_items(
-        *engine.arrays, slots, keys, saved.array("order").astype(np.int64),
-        saved.array("update").astype(np.int64), saved.array("times").astype(np.int64),
-        saved.array("priority").astype(np.float64), fresh, np.zeros(2, np.float64))
+        *engine.arrays, slots, keys, fields["order"], fields["update"], fields["times"],
+        fields["priority"], fresh, np.zeros(2, np.float64))
     if evicted < 0:
         engine._raise_status(evicted)
     return evicted
+
+
+def _damaged(saved: TableCheckpoint, problem: str) -> errors.CheckpointError:
+    return errors.CheckpointError(f"Checkpoint {saved.path}: table '{saved.name}' {problem}.")
+
+
+def _checked_items(saved: TableCheckpoint) -> Dict[str, np.ndarray]:
+    """The items' fields, read into memory and checked against each other and the
+    counters (array bytes are not checksummed, and the kernels trust what they get)."""
+    fields = {name: np.array(saved.array(name)) for name in (*_ITEM_FIELDS, "priority")}
+    keys, orders = fields["key"], fields["order"]
+    bits, counters = saved.slot_bits, saved.counters
+    slots = keys & ((1 << bits) - 1)
+    ids = keys >> bits
+    if saved.num_items:
+        if ids.min() < 1 or ids.max() >= counters["C_NEXT_ID"] or slots.max() >= saved.capacity:
+            raise _damaged(saved, "has invalid keys")
+        taken = np.zeros(saved.capacity, np.bool_)
+        taken[slots] = True
+        if int(taken.sum()) != saved.num_items:
+            raise _damaged(saved, "has two items in one slot")
+        if (orders[0] < 0 or orders[-1] >= counters["C_ORDER_SEQ"]
+                or (np.diff(orders) <= 0).any()):
+            raise _damaged(saved, "has items out of insertion order")
+        update = fields["update"]
+        if update.min() < 0 or update.max() >= counters["C_UPDATE_SEQ"]:
+            raise _damaged(saved, "has invalid update numbers")
+        if fields["times"].min() < 0:
+            raise _damaged(saved, "has negative sample counts")
+        priority = fields["priority"]
+        if not (priority >= 0).all():  # also NaN
+            raise _damaged(saved, "has negative or NaN priorities")
+    return fields
 
 
 def _check_signature(engine, storage):

@@ -114,6 +114,7 @@ R_COUNT, R_GEN = range(2)
 ROW_FIELDS = 2
 
 (F_SAMPLES_PER_INSERT, F_MIN_DIFF, F_MAX_DIFF, F_EXPONENT0, F_EXPONENT1) = range(5)
+F_SCRATCH = 7  # where ``rebuild``'s evictions write a probability nobody reads (no allocation)
 F_WORDS = 8
 
 # meta columns: per-slot fields, the hot ones in the first cache line ...

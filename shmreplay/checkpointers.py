@@ -16,6 +16,7 @@ Checkpoints can also be written to and restored from explicit files:
 
 import datetime
 import os
+import stat
 import tempfile
 from typing import Optional
 
@@ -86,6 +87,34 @@ class TempDirCheckpointer(DefaultCheckpointer):
 def default_checkpointer(group: Optional[str] = None) -> TempDirCheckpointer:
     """Reverb's ``default_checkpointer``: a ``TempDirCheckpointer``."""
     return TempDirCheckpointer(group or "")
+
+
+def private_temporary_directory(buffer_name: str) -> str:
+    """Where ``Client.checkpoint()`` writes for a Server without a checkpointer.
+
+    ``$TMPDIR/shmreplay-checkpoints-UID/BUFFER``: one directory per buffer, so every
+    process finds the same one and only the newest checkpoint is kept, inside a
+    directory of this user's that nobody else may enter (mode 0700). The name is
+    predictable, so a directory of that name that is not ours, is a symlink or is open
+    to others is refused rather than used.
+
+    Raises:
+      PermissionError: if that directory exists and is not private to this user.
+    """
+    base = os.path.join(tempfile.gettempdir(), f"shmreplay-checkpoints-{os.getuid()}")
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(base)
+    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or info.st_mode & 0o077):
+        raise PermissionError(
+            f"{base} is not a directory private to this user (owner uid {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):o}); remove it, or give Client.checkpoint a path.")
+    directory = os.path.join(base, buffer_name)
+    os.makedirs(directory, 0o700, exist_ok=True)
+    return directory
 
 
 def latest_in(directory: str) -> Optional[str]:

@@ -347,8 +347,9 @@ class Client:
 
         Args:
           path: The file to write, or a directory to write a new, timestamped file in.
-            ``None``: the Server's checkpointer directory (or a new temporary directory
-            if the Server has none), keeping only the newest checkpoint there.
+            ``None``: the Server's checkpointer directory, keeping only the newest
+            checkpoint there; without a checkpointer, the buffer's directory in this
+            user's private temporary directory (``$TMPDIR/shmreplay-checkpoints-UID``).
           progress: ``True`` draws a progress bar on stderr, ``False`` never does, a
             callable receives ``(bytes_done, bytes_total)``; ``None`` draws one for large
             checkpoints (256 MiB and up) when stderr is a terminal.
@@ -364,18 +365,20 @@ class Client:
         from shmreplay import _checkpoint, checkpointers
         if self._buffer is None:
             raise errors.ClosedError(f"Client for '{self._name}' was closed.")
-        checkpointer = None
+        keep_latest_only = path is None  # a checkpointer's directory; not the user's own
         if path is None:
             root = self._buffer.checkpoint_root
-            checkpointer = (checkpointers.TempDirCheckpointer() if root is None
-                            else checkpointers.DefaultCheckpointer(root))
-        elif os.path.isdir(path):
+            if root is None:
+                root = checkpointers.private_temporary_directory(self._name)
+            os.makedirs(root, exist_ok=True)
+            path = root
+        if os.path.isdir(path):
             checkpointer = checkpointers.DefaultCheckpointer(path)
-        if checkpointer is not None:
-            os.makedirs(checkpointer.path, exist_ok=True)
             path = checkpointer.new_checkpoint_path()
+        else:
+            checkpointer = None
         summary = _checkpoint.save(self._buffer.engines, path, self._name, progress)
-        if checkpointer is not None:
+        if keep_latest_only:
             checkpointer.remove_older_than(summary.path)
         return summary.path
 

@@ -117,14 +117,20 @@ STORM_STRIDE = 1_000_000  # incarnation k inserts the values k * STRIDE + 0, 1, 
 def storm(name, seconds, actors, seed, counts, incarnations, started, done):
     """Keeps ``actors`` inserting processes alive for ``seconds``, SIGKILLing each one
     20-80 ms after it starts and forking a replacement (spawn would take too long).
+    Every tenth actor is also armed to stop inside a commit (with the table's lock
+    held) and is killed there, so the storm always includes dead lock holders.
 
     Incarnation ``k`` acknowledges in ``counts[k]`` how many of its values
     (``k * STORM_STRIDE + i``) were inserted by calls that returned.
     """
     import random
     import time
+    from shmreplay import _crash_points
+    from shmreplay._kernels import codes
     rng = random.Random(seed)
     client = shmreplay.Client(name)
+    engine = client._engine("t")
+    armed = None
     # Load the insert kernels (and map the columns) once, here: each forked actor would
     # otherwise spend its short life loading them from numba's cache.
     client.insert({"x": np.full(8, -5000.0), "v": np.int64(-5000)}, {"t": 1.0})
@@ -145,12 +151,22 @@ def storm(name, seconds, actors, seed, counts, incarnations, started, done):
                         _storm_actor(client, k, counts, random.Random(seed * 7919 + k))
                     finally:
                         os._exit(0)
-                live[actor] = (pid, now + rng.uniform(0.02, 0.08))
-            elif now >= live[actor][1]:
+                lifetime = rng.uniform(0.02, 0.08)
+                if armed is None and k % 10 == 5:
+                    point = rng.choice([codes.STOP_COMMIT_HALF, codes.STOP_COMMIT_ONE])
+                    _crash_points.arm(engine, point, pid)
+                    armed, lifetime = pid, 2.0  # until it stops at the point
+                live[actor] = (pid, now + lifetime)
+            elif now >= live[actor][1] or (live[actor][0] == armed
+                                           and _crash_points.is_stopped(armed)):
                 pid = live.pop(actor)[0]
+                if pid == armed:
+                    _crash_points.disarm(engine)
+                    armed = None
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
         time.sleep(0.002)
+    _crash_points.disarm(engine)
     for pid, _ in live.values():
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

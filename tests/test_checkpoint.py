@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -297,18 +298,24 @@ def test_reverb_style_checkpointer_keeps_the_latest_and_restores_it(buffer_name,
         assert server._tables[0].info.current_size == 2
 
 
-def test_checkpoint_without_path_or_checkpointer_goes_to_a_new_private_directory(buffer_name):
+def test_checkpoint_without_path_or_checkpointer_goes_to_a_private_directory(
+        buffer_name, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name) as server:
         client = shmreplay.Client(server.name)
         client.insert(_item(3), {"q": 1.0})
-        path = client.checkpoint()
-        try:
-            assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
-            assert os.stat(path).st_mode & 0o777 == 0o600
-            assert _checkpoint.load(path).table("q").num_items == 1
-        finally:
-            os.unlink(path)
-            os.rmdir(os.path.dirname(path))
+        first = client.checkpoint()
+        second = client.checkpoint()  # the same directory; only the newest is kept
+        base = tmp_path / f"shmreplay-checkpoints-{os.getuid()}"
+        assert os.path.dirname(second) == str(base / buffer_name)
+        assert os.listdir(base / buffer_name) == [os.path.basename(second)] != [first]
+        assert os.stat(base).st_mode & 0o777 == 0o700
+        assert os.stat(second).st_mode & 0o777 == 0o600
+        assert _checkpoint.load(second).table("q").num_items == 1
+        # A directory of that name that is not private is refused, not used.
+        os.chmod(base, 0o755)
+        with pytest.raises(PermissionError, match="not a directory private to this user"):
+            client.checkpoint()
         client.close()
 
 

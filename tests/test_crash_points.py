@@ -80,9 +80,9 @@ def _visible(client):
     """Every live item's value (checked whole: x == v), from a consistent snapshot."""
     from shmreplay import _checkpoint
     arrays = _checkpoint.snapshot_table(client._engine("t")).arrays
-    v, x = arrays["store0"], arrays["store1"]
-    assert (x == v.reshape(len(v), -1)[:, :1]).all(), "a half-written item is visible"
-    return set(v.reshape(len(v), -1)[:, 0].tolist())
+    v, x = arrays["store0"], arrays["store1"]  # whole items: v [n], x [n, 8]
+    assert (x == v[:, None]).all(), "a half-written item is visible"
+    return set(v.tolist())
 
 
 def _assert_healthy(client, kind="prioritized"):
@@ -119,8 +119,12 @@ def test_batch_commit_killed_while_evicting(buffer_name):
         _prefill(client, 20)
         victim = Victim(server, CW.repeat, "insert_batch", point=codes.STOP_COMMIT_EVICT)
         visible = _visible(client)
-        assert len(visible) <= 20
-        assert visible - victim.acknowledged <= set(range(10_000_000, 10_000_020))
+        # The first batch's commit was evicting when its process died. The batch was in
+        # by then: it stays, whole, and the evictions are finished (Fifo: the oldest 8).
+        assert not victim.acknowledged
+        assert len(visible) == 20
+        assert visible & set(range(10_000_000, 10_000_020)) == set(range(10_000_008, 10_000_020))
+        assert len(visible - set(range(10_000_000, 10_000_020))) == 8  # the whole batch
         _assert_healthy(client)
         client.close()
 
@@ -311,7 +315,8 @@ def test_random_sigkill_storm_while_a_learner_samples_and_updates(buffer_name):
         assert not missing, f"acknowledged inserts lost by incarnations {missing[:10]}"
         assert client.verify("t") == []
         assert slowest < 1.0, f"a learner call took {slowest:.2f} s"
-        assert int(client._engine("t").ctrl[L.C_RECOVERIES]) > 0  # some died holding the lock
+        # Some died holding the lock (every tenth actor is armed to; others by chance).
+        assert int(client._engine("t").ctrl[L.C_RECOVERIES]) >= 10
         _assert_healthy(client)
         print(f"storm: {killed} actors killed, {len(visible)} items, {samples} sampled, "
               f"slowest learner call {slowest * 1e3:.0f} ms, "

@@ -17,10 +17,10 @@ import numpy as np
 from shmreplay._kernels import codes, heap, kernel, rows as step_rows, sumtree
 from shmreplay._kernels.sumtree import weight
 from shmreplay._layout import (
-    C_CAPACITY, C_DELETES, C_FREE_HEAD, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MIN_SIZE,
+    C_CAPACITY, C_DELETES, C_FREE_HEAD, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MAX_SIZE, C_MIN_SIZE,
     C_NEXT_ID, C_ORDER_SEQ, C_PENDING, C_SAMPLER_KIND, C_SAMPLES, C_SIZE, C_SLOT_BITS,
     C_TAIL, C_TOTAL_DELETED, C_TREE_LEAVES, C_UPDATE_SEQ, F_EXPONENT0, F_MAX_DIFF,
-    F_MIN_DIFF, F_SAMPLES_PER_INSERT, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
+    F_MIN_DIFF, F_SAMPLES_PER_INSERT, F_SCRATCH, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
     M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE, C_COMMIT_MARK, C_ROWS_DIRTY)
 
 
@@ -335,8 +335,8 @@ def rebuild(ctrl, fctrl, meta, prio, trees, refs, rows):
     ctrl[C_FREE_HEAD] = -1
     # A batch commit that its process did not finish is rolled back: its items (the
     # ones from the mark's insertion order on) are freed, so a batch is all or nothing.
+    # The mark is cleared only at the end, so a rebuild that dies half-way is redone.
     rollback_from = ctrl[C_COMMIT_MARK] - 1
-    ctrl[C_COMMIT_MARK] = 0
     for slot in range(fresh - 1, -1, -1):  # so the lowest free slot ends on top
         state = meta[slot, M_STATE]
         if state == codes.READY and 0 <= rollback_from <= meta[slot, M_ORDER]:
@@ -398,3 +398,8 @@ def rebuild(ctrl, fctrl, meta, prio, trees, refs, rows):
             step_rows.rebuild(ctrl, meta, refs, rows)
     else:
         ctrl[C_ROWS_DIRTY] = 1
+    # A commit that died during its evictions left the table over max_size: finish them.
+    while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
+        victim = select(ctrl, fctrl, meta, trees, 1, fctrl[F_SCRATCH:F_SCRATCH + 1])
+        remove(ctrl, meta, prio, trees, refs, rows, victim, True)
+    ctrl[C_COMMIT_MARK] = 0

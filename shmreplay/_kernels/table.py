@@ -16,7 +16,8 @@ from shmreplay._kernels import verify as verify_kernels
 from shmreplay._layout import (
     C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
     C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_REMOVER_KIND, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
-    C_RESERVES, C_ROWS_DIRTY, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TOTAL_SAMPLED, C_TREE_LEAVES,
+    C_RESERVES, C_ROWS_DIRTY, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_DELETED, C_TOTAL_INSERTED,
+    C_TOTAL_SAMPLED, C_TREE_LEAVES,
     C_COMMIT_MARK, C_FRESH, C_HEAD, C_ORDER_SEQ, C_STOP_PID, C_STOP_POINT, F_EXPONENT0, M_KEY, M_LIVE, M_NEXT, M_ORDER, M_STATE, M_TIMES, M_UPDATE, M_VERSION,
     M_WRITER, R_COUNT, R_GEN)
 
@@ -166,6 +167,8 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
     ctrl[C_PENDING] -= n
     ctrl[C_INSERTS] += n
     ctrl[C_TOTAL_INSERTED] += n
+    # The batch is in: from here a crash keeps it (rebuild then finishes the evictions).
+    ctrl[C_COMMIT_MARK] = 0
     evicted = 0
     while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
         victim = items.select(ctrl, fctrl, meta, trees, 1, io)
@@ -176,7 +179,6 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
     if batch_tree:
         sumtree.set_leaves(trees[0], ctrl[C_TREE_LEAVES], touched[0], n + evicted, prio,
                            fctrl[F_EXPONENT0], meta[:, M_STATE], touched[1])
-    ctrl[C_COMMIT_MARK] = 0
     _bump(ctrl, C_ITEMS_SEQ)
     if evicted:
         _bump(ctrl, C_SPACE_SEQ)
@@ -610,14 +612,10 @@ def restore_items(ctrl, fctrl, meta, prio, trees, refs, rows, slots, keys, order
         prio[slot] = priorities[i]
         meta[slot, M_STATE] = codes.READY
     ctrl[C_FRESH] = fresh
-    items.rebuild(ctrl, fctrl, meta, prio, trees, refs, rows)
-    evicted = 0
-    while ctrl[C_SIZE] > ctrl[C_MAX_SIZE]:
-        victim = items.select(ctrl, fctrl, meta, trees, 1, io)
-        items.remove(ctrl, meta, prio, trees, refs, rows, victim, True)
-        evicted += 1
+    deleted = ctrl[C_TOTAL_DELETED]
+    items.rebuild(ctrl, fctrl, meta, prio, trees, refs, rows)  # evicts what does not fit
     _unlock(ctrl)
-    return evicted
+    return ctrl[C_TOTAL_DELETED] - deleted
 
 
 @kernel

@@ -4,7 +4,6 @@ The facade: it validates and converts user input, calls the table engines, and w
 results. No offsets, no locks, no numba here.
 """
 
-import math
 import os
 from typing import Dict, Iterator, List, Optional
 

@@ -8,6 +8,7 @@ clean up; its buffer stays until removed by name.)
 """
 
 import atexit
+import functools
 import os
 import signal
 import threading
@@ -15,7 +16,7 @@ import uuid
 import weakref
 from typing import Optional, Sequence
 
-from shmreplay import _buffer, _checkpoint, checkpointers, errors
+from shmreplay import _buffer, _checkpoint, _restore, checkpointers, errors
 from shmreplay.table import Table, validate_name
 
 
@@ -65,7 +66,7 @@ class Server:
                  share_with_group: bool = False):
         restoring = _checkpoint_to_restore(checkpoint, checkpointer)
         if restoring is not None:
-            tables = _checkpoint.tables_to_serve(restoring, tables, override_config)
+            tables = _restore.tables_to_serve(restoring, tables, override_config)
         if not tables:
             raise ValueError("At least one table must be provided.")
         names = [t.name for t in tables]
@@ -83,13 +84,8 @@ class Server:
         self._tables = list(tables)
         self._owner_pid = os.getpid()
         self._stopped = threading.Event()
-        restore = None
-        if restoring is not None:
-            def restore(buffer):
-                for engine in buffer.engines:
-                    saved = restoring.table(engine.name)
-                    if saved is not None:
-                        _checkpoint.restore_table(engine, saved, reset_rate_limiter)
+        restore = None if restoring is None else functools.partial(
+            _restore_tables, restoring, reset_rate_limiter)
         root = None if checkpointer is None else checkpointer.path
         self._buffer = _buffer.create(self._name, self._tables, checkpoint_root=root,
                                       restore=restore, mode=0o660 if share_with_group else 0o600)
@@ -156,6 +152,14 @@ class Server:
     def __repr__(self):
         state = "stopped" if self.stopped else "serving"
         return f"Server(name={self._name!r}, tables={[t.name for t in self._tables]}, {state})"
+
+
+def _restore_tables(checkpoint, reset_rate_limiter, buffer):
+    """Fills the new buffer's tables from ``checkpoint`` (tables it lacks stay empty)."""
+    for engine in buffer.engines:
+        saved = checkpoint.table(engine.name)
+        if saved is not None:
+            _restore.restore_table(engine, saved, reset_rate_limiter)
 
 
 def _checkpoint_to_restore(path, checkpointer):

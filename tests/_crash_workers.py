@@ -97,13 +97,13 @@ def block_on_empty_table(name, table, ready, go, acks, count):
 
 def stop_inside_checkpoint(name, table, ready, go, acks, count, path):
     """Starts a checkpoint and stops while it holds the table's lock copying items."""
-    from shmreplay import _checkpoint
+    from shmreplay import _snapshot
     client = shmreplay.Client(name)
 
     def copy_then_stop(source, rows, out):
         os.kill(os.getpid(), signal.SIGSTOP)
 
-    _checkpoint._copy_rows = copy_then_stop
+    _snapshot._copy_rows = copy_then_stop
     ready.set()
     go.wait(60)
     client.checkpoint(path)

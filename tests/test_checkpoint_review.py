@@ -1,8 +1,8 @@
 """Adversarial tests of checkpoints and of the batch commit's crash safety (review).
 
 Each test pins down one hole found in review and fails without its fix (in
-``shmreplay/_checkpoint.py``, ``Client.checkpoint`` or the kernels' batch commit and
-``rebuild``).
+``shmreplay/_snapshot.py``, ``_checkpoint.py``, ``_restore.py``, ``Client.checkpoint``,
+or the kernels' batch commit and ``rebuild``).
 """
 
 import multiprocessing
@@ -97,19 +97,19 @@ _SIGINT_DURING_HOLD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     import shmreplay
-    from shmreplay import _checkpoint
+    from shmreplay import _snapshot
 
     name, path = sys.argv[1:3]
     server = shmreplay.Server([shmreplay.Table.queue("q", 100)], name=name)
     client = shmreplay.Client(name)
     client.insert({"obs": np.zeros(4, np.float32)}, {"q": 1.0}, timeout=5)
-    copy_rows = _checkpoint._copy_rows
+    copy_rows = _snapshot._copy_rows
 
     def copy_rows_and_press_ctrl_c(source, rows, out):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the table's lock is held
         copy_rows(source, rows, out)
 
-    _checkpoint._copy_rows = copy_rows_and_press_ctrl_c
+    _snapshot._copy_rows = copy_rows_and_press_ctrl_c
     try:
         client.checkpoint(path)
     except KeyboardInterrupt:

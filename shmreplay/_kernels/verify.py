@@ -4,7 +4,6 @@ The caller holds the table's lock. Each check that fails sets one bit of the ret
 mask; ``shmreplay._table.PROBLEMS`` names the bits.
 """
 
-import numpy as np
 
 from shmreplay._kernels import codes, heap, kernel
 from shmreplay._kernels.sumtree import weight

@@ -12,11 +12,11 @@ user, insert and sample at memory speed::
     client = shmreplay.Client("my-buffer")        # from any process
 
 Importing this package loads no TensorFlow or JAX and compiles nothing (kernels compile
-on first use and are cached on disk). TensorFlow and JAX adapters are planned as
-separate modules that are only imported when asked for.
+on first use and are cached on disk). The TensorFlow and JAX adapters are the modules
+``shmreplay.tf`` and ``shmreplay.jax``, imported only when asked for.
 """
 
-from shmreplay import errors, rate_limiters, selectors
+from shmreplay import checkpointers, errors, rate_limiters, selectors
 from shmreplay.client import Client
 from shmreplay.errors import DeadlineExceededError, ShmReplayError
 from shmreplay.replay_sample import ReplaySample, SampleInfo, TableInfo
@@ -31,5 +31,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "DeadlineExceededError", "ReplaySample", "SampleInfo", "Server",
     "ShmReplayError", "Table", "TableInfo", "TensorSpec", "TrajectoryColumn",
-    "TrajectoryWriter", "Writer", "errors", "rate_limiters", "selectors",
+    "TrajectoryWriter", "Writer", "checkpointers", "errors", "rate_limiters", "selectors",
 ]

@@ -85,7 +85,7 @@ def cmd_ls(args, out):
 
 def cmd_info(args, out):
     from shmreplay.client import Client
-    with Client(args.name) as client:
+    with Client(args.name, trust_group=args.trust_group) as client:
         for table, info in client.server_info().items():
             limiter = info.rate_limiter_info
             print(f"table {table}: {info.current_size}/{info.max_size} items, "
@@ -113,7 +113,7 @@ def cmd_info(args, out):
 def cmd_verify(args, out):
     from shmreplay.client import Client
     status = 0
-    with Client(args.name) as client:
+    with Client(args.name, trust_group=args.trust_group) as client:
         for table in client.server_info():
             problems = client.verify(table)
             print(f"{table}: {'ok' if not problems else '; '.join(problems)}", file=out)
@@ -209,7 +209,7 @@ def cmd_top(args, out):
     try:
         from shmreplay.client import Client
         try:
-            client = Client(args.name)
+            client = Client(args.name, trust_group=args.trust_group)
             inode = os.stat(os.path.join(SHM_DIR, _layout.SEGMENT_PREFIX + args.name)).st_ino
         except (errors.BufferNotFoundError, FileNotFoundError):
             print(f"shmreplay top: no buffer named '{args.name}' on this machine "
@@ -248,7 +248,7 @@ def cmd_top(args, out):
 def cmd_checkpoint(args, out):
     from shmreplay import _checkpoint
     from shmreplay.client import Client
-    with Client(args.name) as client:
+    with Client(args.name, trust_group=args.trust_group) as client:
         progress = None if args.progress is None else args.progress == "on"
         path = client.checkpoint(args.path, progress=progress)
     saved = _checkpoint.load(path)
@@ -302,6 +302,9 @@ def _remove(name):
 def main(argv=None, out=None):
     out = out or sys.stdout
     parser = argparse.ArgumentParser(prog="shmreplay", description=__doc__.splitlines()[0])
+    parser.add_argument("--trust-group", action="store_true",
+                        help="also attach to a buffer that another user of your group "
+                             "shared with it (Server(share_with_group=True))")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("ls", help="list buffers on this machine").set_defaults(run=cmd_ls)
     info = commands.add_parser("info", help="tables, sizes, counters and rate-limiter state")

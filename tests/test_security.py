@@ -316,6 +316,25 @@ def as_user(uid, groups, fn):
     return pickle.loads(b"".join(chunks))
 
 
+def test_a_pickled_client_keeps_its_trust_flag():
+    import pickle
+    name = _names.unique("pickle")
+    with shmreplay.Server(tables(), name=name, share_with_group=True):
+        for flag in (False, True):
+            with shmreplay.Client(name, trust_group=flag) as client:
+                with pickle.loads(pickle.dumps(client)) as copy:
+                    assert copy._trust_group is flag and copy.server_address == name
+
+
+def cli_info(name, trust_group):
+    """``shmreplay [--trust-group] info NAME`` in this process: (exit status, output)."""
+    import io
+    from shmreplay import cli
+    out = io.StringIO()
+    status = cli.main((["--trust-group"] if trust_group else []) + ["info", name], out=out)
+    return status, out.getvalue()
+
+
 def owner_of(entry):
     st = os.stat(os.path.join(SHM, entry))
     return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
@@ -351,6 +370,11 @@ def test_group_sharing_between_real_users():
         assert refused[:2] == ("error", "LayoutMismatchError") and "trust_group" in refused[2]
         assert as_user(MEMBER, member, insert)[0] == "ok"
         assert owner_of(data) == (MEMBER, GROUP_ID, 0o660)   # the buffer's group, not its own
+        # the operator's CLI takes the same opt-in
+        trusted = as_user(MEMBER, member, lambda: cli_info(name, trust_group=True))
+        assert trusted[0] == "ok" and trusted[1][0] == 0 and "table q: 1/" in trusted[1][1]
+        untrusted = as_user(MEMBER, member, lambda: cli_info(name, trust_group=False))
+        assert untrusted[0] == "ok" and untrusted[1][0] == 2  # refused, with a message
         # a non-member cannot even open it
         stranger = as_user(STRANGER, [OTHER_GROUP_ID],
                            lambda: shmreplay.Client(name, trust_group=True))

@@ -64,20 +64,15 @@ class Server:
                  port=None, checkpointer=None, *, checkpoint: Optional[str] = None,
                  reset_rate_limiter: bool = False, override_config: bool = False,
                  share_with_group: bool = False):
+        # The given tables are checked before a checkpoint's configuration may be
+        # copied into them (a table another Server serves must not change).
+        _check_tables(tables or ())
         restoring = _checkpoint_to_restore(checkpoint, checkpointer)
         if restoring is not None:
             tables = _restore.tables_to_serve(restoring, tables, override_config)
         if not tables:
             raise ValueError("At least one table must be provided.")
-        names = [t.name for t in tables]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"Multiple items in tables have the same name: {', '.join(duplicates)}.")
-        for table in tables:
-            if not isinstance(table, Table):
-                raise TypeError(f"tables must be shmreplay.Table objects, got {table!r}.")
-            if table._engine is not None:
-                raise ValueError(f"Table '{table.name}' is already served by another Server.")
+        _check_tables(tables)
         if name is None:
             name = f"srv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._name = validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME)
@@ -152,6 +147,18 @@ class Server:
     def __repr__(self):
         state = "stopped" if self.stopped else "serving"
         return f"Server(name={self._name!r}, tables={[t.name for t in self._tables]}, {state})"
+
+
+def _check_tables(tables):
+    names = [getattr(t, "name", None) for t in tables]
+    duplicates = sorted({n for n in names if names.count(n) > 1 and n is not None})
+    if duplicates:
+        raise ValueError(f"Multiple items in tables have the same name: {', '.join(duplicates)}.")
+    for table in tables:
+        if not isinstance(table, Table):
+            raise TypeError(f"tables must be shmreplay.Table objects, got {table!r}.")
+        if table._engine is not None:
+            raise ValueError(f"Table '{table.name}' is already served by another Server.")
 
 
 def _restore_tables(checkpoint, reset_rate_limiter, buffer):

@@ -473,3 +473,16 @@ def test_cli_checkpoint_writes_a_file_a_server_restores(buffer_name, tmp_path):
         copy = shmreplay.Client(restored.name)  # a directory: its latest checkpoint
         assert copy.sample_batch("q", 3, timeout=5).data["id"].tolist() == [0, 1, 2]
         copy.close()
+
+
+def test_a_table_served_elsewhere_is_refused_before_the_checkpoint_touches_it(buffer_name,
+                                                                              tmp_path):
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        path = client.checkpoint(str(tmp_path / "q.ckpt"))
+        client.close()
+    live = shmreplay.Table("q", selectors.Uniform(), selectors.Fifo(), 7, rate_limiters.MinSize(1))
+    with shmreplay.Server([live], name=_names.unique("live")):
+        with pytest.raises(ValueError, match="already served"):
+            shmreplay.Server([live], name=_names.unique("again"), checkpoint=path)
+        assert live.info.max_size == 7 and live.info.max_times_sampled == 0  # unchanged

@@ -71,9 +71,9 @@ def _signature_key(signature):
 def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> int:
     """Fills a new, empty table (not yet visible to other processes) from a checkpoint.
 
-    Keys are kept when the table has the checkpoint's capacity (its ``max_size``); a
-    table restored with another ``max_size`` gives its items new keys, which no key
-    issued before the checkpoint can name. Items beyond the new ``max_size`` are evicted
+    Keys are kept when the table has the checkpoint's slot layout (the same capacity
+    and key bits); otherwise items get new keys, which no key issued before the
+    checkpoint can name. Items beyond the new ``max_size`` are evicted
     by the remover. Returns the number evicted.
 
     Raises:

@@ -16,6 +16,7 @@ Checkpoints can also be written to and restored from explicit files:
 
 import datetime
 import os
+import re
 import stat
 import tempfile
 from typing import Optional
@@ -123,9 +124,14 @@ def latest_in(directory: str) -> Optional[str]:
     return os.path.join(directory, max(names)) if names else None
 
 
+# The names ``new_checkpoint_path`` gives: UTC time, then ``_1`` per clash. Only these
+# count as a directory's checkpoints, so a file the user named in the same directory is
+# never taken for the newest one, nor deleted as an older one.
+_NAME = re.compile(r"[0-9]{8}T[0-9]{6}\.[0-9]{6}Z(_1)*" + re.escape(SUFFIX))
+
+
 def _checkpoint_names(directory: str):
     try:
-        return [n for n in os.listdir(directory)
-                if n.endswith(SUFFIX) and not n.startswith(".")]
+        return [n for n in os.listdir(directory) if _NAME.fullmatch(n)]
     except FileNotFoundError:
         return []

@@ -235,10 +235,7 @@ def cmd_top(args, out):
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # the reader went away (``shmreplay top NAME | head``)
-        try:  # so that the interpreter's final flush of stdout does not complain
-            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
-        except (AttributeError, OSError, ValueError):
-            pass
+        _quiet_stdout(out)
         return 0
     finally:
         if client is not None:
@@ -338,6 +335,17 @@ def main(argv=None, out=None):
     except errors.ShmReplayError as exc:
         print(f"shmreplay: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``shmreplay info NAME | head -2``)
+        _quiet_stdout(out)
+        return 0
+
+
+def _quiet_stdout(out):
+    """Points ``out`` at /dev/null, so the interpreter's final flush does not complain."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

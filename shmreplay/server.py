@@ -36,10 +36,11 @@ class Server:
       reset_rate_limiter: Restore items but start each rate limiter afresh, as if the
         restored items had just been inserted and never sampled (a limiter restored
         with millions of recorded samples may otherwise block sampling for a long time).
-      override_config: Keep the sampler, remover, ``max_size``, rate limiter and
-        ``max_times_sampled`` of the given ``tables`` instead of the checkpoint's
-        (Reverb always uses the checkpoint's). With another ``max_size`` the items get
-        new keys, and the remover evicts what no longer fits.
+      override_config: Keep the sampler, remover, ``max_size``, rate limiter,
+        ``max_times_sampled`` and signature of the given ``tables`` instead of the
+        checkpoint's (Reverb always uses the checkpoint's). With another ``max_size``
+        items may get new keys (an old key then names the same item or none, never
+        another), and the remover evicts what no longer fits.
       share_with_group: Create every segment of the buffer with mode 0660 instead of
         0600, so that members of this process's group (its effective gid) can attach
         with ``Client(name, trust_group=True)``. They can then read and write

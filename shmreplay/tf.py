@@ -101,7 +101,7 @@ class _Worker:
     def chunks(self):
         """Yields ``ReplaySample`` s of up to ``chunk`` items until the end (the timeout,
         or ``max_samples`` taken)."""
-        client = Client(self.server_address)
+        client = _connect(self.server_address)
         left = self.max_samples
         try:
             while left != 0:
@@ -178,7 +178,8 @@ class TrajectoryDataset(tf.data.Dataset):
     """One element per sampled item, the whole trajectory (Reverb's ``TrajectoryDataset``).
 
     Args:
-      server_address: The buffer's name.
+      server_address: The buffer's name, or a ``Client`` (its name and ``trust_group``
+        are used: the way to read a group member's shared buffer).
       table: The table to sample.
       dtypes, shapes: Nests describing ``data`` (lists are read as tuples). Shapes are
         the item's, time dimension included for sequence items.
@@ -281,13 +282,23 @@ def ReplayDataset(server_address: str, table: str, dtypes, shapes,
                              max_samples_per_stream, rate_limiter_timeout_ms)
 
 
+_CLIENT_TYPE = Client
+
+
+def _connect(server_address) -> Client:
+    """A new Client for a dataset worker: by name, or like the given Client."""
+    if isinstance(server_address, _CLIENT_TYPE):
+        return Client(server_address.server_address, trust_group=server_address._trust_group)
+    return Client(server_address)
+
+
 def table_signature(server_address: str, table: str, timeout_secs: Optional[float] = None):
     """``(dtypes, shapes)`` nests of a table's items (signature, or the first item's).
 
     Raises:
       ValueError: no such table, or nothing says what its items look like yet.
     """
-    client = Client(server_address)
+    client = _connect(server_address)
     try:
         buffer = client._buffer
         engine = buffer.by_name.get(table)
@@ -356,7 +367,7 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
 
     def batches():
-        client = Client(server_address)
+        client = _connect(server_address)
         taken = 0
         try:
             while max_batches < 0 or taken < max_batches:
@@ -374,7 +385,7 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
         per_worker = -1 if max_batches < 0 else -(-max_batches // num_parallel_calls)
 
         def worker(_):
-            client = Client(server_address)
+            client = _connect(server_address)
             try:
                 for _ in range(per_worker) if per_worker >= 0 else iter(int, 1):
                     sample = _full_batch(client, table, batch_size, timeout)
@@ -422,14 +433,15 @@ class ReplayBuffer:
     loop uses; items are written by actors with ``Client`` or a writer.
 
     Args:
-      server_address: The buffer's name.
+      server_address: The buffer's name, or a ``Client`` (its name and ``trust_group``
+        are used: the way to read a group member's shared buffer).
       table_name: The table.
     """
 
     def __init__(self, server_address: str, table_name: str):
         self._address = server_address
         self._table = table_name
-        self._client = Client(server_address)
+        self._client = _connect(server_address)
         self._engine = self._client._engine(table_name)
 
     @property

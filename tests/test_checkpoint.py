@@ -486,3 +486,22 @@ def test_a_table_served_elsewhere_is_refused_before_the_checkpoint_touches_it(bu
         with pytest.raises(ValueError, match="already served"):
             shmreplay.Server([live], name=_names.unique("again"), checkpoint=path)
         assert live.info.max_size == 7 and live.info.max_times_sampled == 0  # unchanged
+
+
+def test_a_checkpoint_directory_ignores_files_it_did_not_name(buffer_name, tmp_path):
+    root = tmp_path / "ckpts"
+    checkpointer = checkpointers.DefaultCheckpointer(str(root))
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name,
+                          checkpointer=checkpointer) as server:
+        client = shmreplay.Client(server.name)
+        client.insert(_item(1), {"q": 1.0})
+        mine = client.checkpoint(str(root / "run-17.shmreplay"))  # a user-named file
+        client.insert(_item(2), {"q": 1.0})
+        first = client.checkpoint()
+        second = client.checkpoint()
+        assert sorted(os.listdir(root)) == sorted([os.path.basename(second), "run-17.shmreplay"])
+        assert checkpointer.latest() == second != first and os.path.exists(mine)
+        client.close()
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=_names.unique("dir"),
+                          checkpoint=str(root)) as restored:
+        assert restored._tables[0].info.current_size == 2  # the timestamped one, not mine

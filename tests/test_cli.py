@@ -270,3 +270,13 @@ def test_info_says_why_a_full_queue_blocks_inserts(buffer_name):
                "per insert - samples 0 = 3 > max_diff 2" in info
         assert "next sample" not in info
         client.close()
+
+
+def test_info_into_a_pipe_closed_early_exits_quietly(buffer_name):
+    tables = [shmreplay.Table.queue(f"q{i}", 2) for i in range(50)]  # output > a pipe's read
+    with shmreplay.Server(tables, name=buffer_name):
+        result = subprocess.run(
+            f"{sys.executable} -m shmreplay.cli info {buffer_name} | head -1",
+            shell=True, capture_output=True, text=True, timeout=60)
+        assert result.stdout.startswith("table q0:")
+        assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr

@@ -223,6 +223,28 @@ def test_make_dataset_yields_full_batches_in_fifo_order():
         assert client.server_info()["q"].current_size == 0
 
 
+def test_datasets_accept_a_client_and_attach_like_it(monkeypatch):
+    # A group member reads a shared buffer through a Client(name, trust_group=True); the
+    # datasets' workers must attach the same way, not by name alone.
+    with serve(shmreplay.Table.queue("q", 20)) as (name, client):
+        fill(client, "q", range(4))
+        attached = []
+        real = shmreplay_tf.Client
+
+        def recording_client(address, trust_group=False):
+            attached.append((address, trust_group))
+            return real(address, trust_group=trust_group)
+
+        monkeypatch.setattr(shmreplay_tf, "Client", recording_client)
+        trusted = real(name, trust_group=True)
+        dataset = shmreplay_tf.make_dataset(trusted, "q", batch_size=2, prefetch_size=0,
+                                            rate_limiter_timeout_ms=100)
+        got = [b.data["x"].tolist() for b in dataset.as_numpy_iterator()]
+        assert got == [[0, 1], [2, 3]]
+        assert attached and all(a == (name, True) for a in attached)
+        trusted.close()
+
+
 def test_make_dataset_parallel_workers_and_max_batches():
     with serve(uniform()) as (name, client):
         fill(client, "u", range(10))

@@ -258,6 +258,19 @@ def markdown_header(title, info, notes=()):
     return "\n".join(lines) + "\n"
 
 
+def reap(procs, grace=10.0):
+    """Joins worker processes; terminates, then kills, the ones still alive after ``grace`` s."""
+    for p in procs:
+        p.join(timeout=grace)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def leftover_segments(marker="shmreplay.bench-"):
     """Segments (``shmreplay.bench-*``) and semaphores (``sem.shmreplay.bench-*``) in
     /dev/shm that a benchmark left behind (should be empty)."""

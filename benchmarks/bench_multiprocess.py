@@ -269,15 +269,7 @@ def run_workers(ctx, actor_ops, learner_ops, seconds):
                 "warmup_s": {f"{r}{i}": round(v, 3) for (r, i), v in startup.items()}}
     finally:
         start_evt.set()  # release anyone still waiting, then reap
-        for p in procs:
-            p.join(timeout=10)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        C.reap(procs)
 
 
 def summarize(lib, kind, n_actors, learner, raw):

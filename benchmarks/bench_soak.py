@@ -353,14 +353,7 @@ class Soak:
         except Exception:  # noqa: BLE001 - views may still be held; the stop below matters
             pass
         self.server.stop()
-        for _, _, p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        C.reap([p for _, _, p in self.procs])
 
     # probes -------------------------------------------------------------------------------
 

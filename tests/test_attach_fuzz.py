@@ -246,10 +246,10 @@ def test_a_header_stuck_creating_is_refused_after_a_bounded_wait(monkeypatch):
         assert time.monotonic() - started < 10
 
 
-@FUZZ
-@given(st.sampled_from(STATIC_WORDS), st.integers(-2**63, 2**63 - 1))
-def test_mutated_control_words_are_refused(word, value):
-    header, data, expected = template("items")
+def _attach_with_control_word(kind, word, value):
+    """Attaches to a copy of a ``kind`` buffer whose table has ``ctrl[word] = value``;
+    returns ``(the error or None, the word's original value)``."""
+    header, data, expected = template(kind)
     table_offset = int(np.frombuffer(header, L.HEADER, 1, 0)[0]["tables_offset"])
     region = L.plan_table(table_offset, shmreplay.Table.queue("q", 10))
     position = region.ctrl + 8 * word
@@ -257,7 +257,13 @@ def test_mutated_control_words_are_refused(word, value):
     mutated = bytearray(header)
     struct.pack_into("<q", mutated, position, value)
     with planted(bytes(mutated), data) as name:
-        error = attach_and_use(name, expected)
+        return attach_and_use(name, expected), original
+
+
+@FUZZ
+@given(st.sampled_from(STATIC_WORDS), st.integers(-2**63, 2**63 - 1))
+def test_mutated_control_words_are_refused(word, value):
+    error, original = _attach_with_control_word("items", word, value)
     if value == original:
         assert error is None
     else:
@@ -327,13 +333,5 @@ def test_corrupt_schema_blob(kind, data):
 @FUZZ
 @given(st.sampled_from([L.C_ROW_CAPACITY, L.C_REFS_WIDTH]), st.integers(-2**63, 2**63 - 1))
 def test_step_storage_must_match_the_control_block(word, value):
-    header, segment_data, expected = template("steps")
-    table_offset = int(np.frombuffer(header, L.HEADER, 1, 0)[0]["tables_offset"])
-    region = L.plan_table(table_offset, shmreplay.Table.queue("q", 10))
-    position = region.ctrl + 8 * word
-    original = struct.unpack_from("<q", header, position)[0]
-    mutated = bytearray(header)
-    struct.pack_into("<q", mutated, position, value)
-    with planted(bytes(mutated), segment_data) as name:
-        error = attach_and_use(name, expected)
+    error, original = _attach_with_control_word("steps", word, value)
     assert (error is None) if value == original else isinstance(error, errors.LayoutMismatchError)

@@ -11,7 +11,6 @@ unblocking call. Every blocking call has a timeout.
 
 import contextlib
 import pickle
-import threading
 import time
 
 import numpy as np
@@ -22,6 +21,7 @@ from shmreplay import errors, rate_limiters, selectors
 from shmreplay.replay_sample import ReplaySample
 from shmreplay.specs import TensorSpec
 import _names
+from _background import Background
 
 INT = TensorSpec((), np.int64)
 
@@ -41,35 +41,15 @@ def serve(*tables):
             client.close()
 
 
-class InThread:
+class InThread(Background):
     """Runs ``fn(client)`` in a thread with its own Client attached to ``name``."""
 
     def __init__(self, name, fn):
-        self.result = None
-        self.error = None
+        def attached():
+            with shmreplay.Client(name) as client:
+                return fn(client)
 
-        def run():
-            try:
-                with shmreplay.Client(name) as client:
-                    self.result = fn(client)
-            except BaseException as e:  # reported by finish()
-                self.error = e
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def still_blocked(self, wait=0.1):
-        self.thread.join(wait)
-        if self.error is not None:
-            raise self.error
-        return self.thread.is_alive()
-
-    def finish(self, wait=5.0):
-        self.thread.join(wait)
-        assert not self.thread.is_alive(), "the blocked call did not return after unblocking"
-        if self.error is not None:
-            raise self.error
-        return self.result
+        super().__init__(attached)
 
 
 def insert(client, table, value, priority=1.0, timeout=1.0):

@@ -13,11 +13,13 @@ For batch sizes B = 32 and 256, one consumer takes batches from:
 ==============  ============================================================================
 sample_batch    ``client.sample_batch(table, B)`` in a loop, numpy out (the baseline)
 make_dataset    ``shmreplay.tf.make_dataset(name, table, batch_size=B, prefetch_size=2)``
+                (one call at a time: keeps a FIFO table's order), and the same with
+                ``num_parallel_calls=2`` (two calls overlap: for tables with no order)
 traj.batch      ``shmreplay.tf.TrajectoryDataset.from_table_signature(name, table,
                 max_in_flight_samples_per_worker=2 * B).batch(B)`` (a per-item dataset
                 re-batched by tf.data)
 jax             ``shmreplay.jax.BatchIterator(client, table, B, prefetch=2)``, each batch
-                passed to ``jax.block_until_ready``
+                passed to ``jax.block_until_ready``; and the same with ``num_workers=2``
 ==============  ============================================================================
 
 Each TensorFlow dataset is consumed three ways, each from its own iterator made once:
@@ -43,9 +45,10 @@ the other and each has its own baseline. Each worker first times ``sample_batch`
 for every shape and B, before it makes any dataset: the **baseline** (a process that
 calls ``sample_batch`` itself builds no dataset). It then times all its cases of one (shape, B) interleaved,
 ``sample_batch`` again among them ("interleaved"): a ``from_generator`` dataset makes
-TensorFlow fix glibc's mmap threshold at 128 KiB (``mallopt``), so that afterwards every
-batch array of 128 KiB or more is freshly mapped and page-faulted, ``sample_batch``'s
-included; the two baseline rows show it.
+TensorFlow fix glibc's mmap threshold at 128 KiB (``mallopt``), after which a freshly
+allocated batch array of 128 KiB or more is freshly mapped and page-faulted; shmreplay
+gathers large batches into recycled memory (``shmreplay._outputs``) so that the two
+baseline rows should agree.
 
 Timing is timeit-style as in the other scripts: every case is a zero-argument callable
 that delivers one batch (the loop case: ``K`` batches); warm-up, a loop count calibrated
@@ -106,14 +109,21 @@ CASES = {
     "md_eager": ("tf", "make_dataset(B, prefetch_size=2), eager next()", True),
     "md_step": ("tf", "make_dataset, tf.function step(iterator)", True),
     "md_loop": ("tf", "make_dataset, tf.function loop of K steps", True),
+    "md2_eager": ("tf", "make_dataset(B, num_parallel_calls=2), eager next()", True),
+    "md2_step": ("tf", "make_dataset(npc=2), tf.function step(iterator)", True),
+    "md2_loop": ("tf", "make_dataset(npc=2), tf.function loop of K steps", True),
     "traj_eager": ("tf", "TrajectoryDataset(2B in flight).batch(B), eager next()", True),
     "traj_step": ("tf", "TrajectoryDataset.batch, tf.function step(iterator)", True),
     "traj_loop": ("tf", "TrajectoryDataset.batch, tf.function loop of K steps", True),
     "jax": ("jax", "jax BatchIterator(B, prefetch=2) + block_until_ready", True),
+    "jax2": ("jax", "jax BatchIterator(B, prefetch=2, num_workers=2) + block_until_ready",
+             True),
     "floor_eager": ("tf", "breakdown: eager next() on from_tensors(sample).repeat()", False),
     "floor_step": ("tf", "breakdown: tf.function step on from_tensors(sample).repeat()",
                    False),
     "floor_gen": ("tf", "breakdown: from_generator(fixed sample), tf.function loop", False),
+    "floor_npf": ("tf", "breakdown: numpy_function(fixed sample) map, tf.function loop",
+                  False),
     "floor_put": ("jax", "breakdown: sample_batch + jax.device_put per leaf, no thread",
                   False),
 }
@@ -224,6 +234,8 @@ def build_tf_cases(cases, server_name, B, K, sample):
     builders = {
         "md": lambda: stf.make_dataset(server_name, TABLE, batch_size=B,
                                        prefetch_size=PREFETCH),
+        "md2": lambda: stf.make_dataset(server_name, TABLE, batch_size=B,
+                                        prefetch_size=PREFETCH, num_parallel_calls=2),
         "traj": lambda: stf.TrajectoryDataset.from_table_signature(
             server_name, TABLE, max_in_flight_samples_per_worker=2 * B).batch(B),
     }
@@ -266,24 +278,33 @@ def build_tf_cases(cases, server_name, B, K, sample):
     it_g = iter(gen)
     loop = make_loop()
     cases.fns["floor_gen"] = (lambda lp, i: lambda: lp(i))(loop, it_g)
-    cases.items.update(floor_eager=B, floor_step=B, floor_gen=B * K)
-    cases.skips["floor_gen"] = 1
-    cases.refs += [const, it_e, it_s, step, gen, it_g, loop]
+    flat = tf.nest.flatten(sample)
+
+    def fixed_leaves(_):
+        return flat
+    npf = tf.data.Dataset.range(1 << 62).map(lambda i: tf.nest.pack_sequence_as(
+        sample, tf.numpy_function(fixed_leaves, [i], [tf.as_dtype(a.dtype) for a in flat])))
+    it_n = iter(npf.prefetch(PREFETCH))
+    loop_n = make_loop()
+    cases.fns["floor_npf"] = (lambda lp, i: lambda: lp(i))(loop_n, it_n)
+    cases.items.update(floor_eager=B, floor_step=B, floor_gen=B * K, floor_npf=B * K)
+    cases.skips["floor_gen"] = cases.skips["floor_npf"] = 1
+    cases.refs += [const, it_e, it_s, step, gen, it_g, loop, npf, it_n, loop_n]
 
 
 def build_jax_cases(cases, client, B):
     import jax
     from shmreplay import jax as shm_jax
-    t0 = time.perf_counter()
-    it = shm_jax.BatchIterator(client, TABLE, B, prefetch=PREFETCH)
-    cases.closers.append(it.close)
-    jax.block_until_ready(next(it))
-    cases.first_batch_ms["jax"] = (time.perf_counter() - t0) * 1e3
     block = jax.block_until_ready
-    nxt = it.__next__
-    cases.fns["jax"] = lambda: block(nxt())
-    cases.items["jax"] = B
-    cases.skips["jax"] = SKIP_BATCHES
+    for key, workers in (("jax", 1), ("jax2", 2)):
+        t0 = time.perf_counter()
+        it = shm_jax.BatchIterator(client, TABLE, B, prefetch=PREFETCH, num_workers=workers)
+        cases.closers.append(it.close)
+        block(next(it))
+        cases.first_batch_ms[key] = (time.perf_counter() - t0) * 1e3
+        cases.fns[key] = (lambda nxt: lambda: block(nxt()))(it.__next__)
+        cases.items[key] = B
+        cases.skips[key] = SKIP_BATCHES
 
     # BatchIterator's work without its thread: a fresh sample each time (putting the
     # same numpy array again and again is not what the iterator does, and times differently)

@@ -17,7 +17,7 @@ import cloudpickle
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _segment, _storage, _sync, errors, specs
+from shmreplay import _outputs, _segment, _storage, _sync, errors, specs
 from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
@@ -667,14 +667,14 @@ class TableEngine:
     def _gather(self, slots):
         """Copies the items in ``slots`` out of shared memory, one array per column.
 
-        Large outputs are 64-byte aligned: TensorFlow and JAX take aligned host arrays
-        without copying them again. (Indices are valid slots and rows, so numpy's
-        fastest mode, ``clip``, changes nothing.)
+        Large outputs go into recycled 64-byte aligned memory (``shmreplay._outputs``):
+        no page faults, and TensorFlow and JAX take them without copying. (Indices are
+        valid slots and rows, so numpy's fastest mode, ``clip``, changes nothing.)
         """
         storage = self.storage
         if not storage.steps:
             size = slots.size
-            return [column.take(slots, axis=0) if size * column.strides[0] < _ALIGN_FROM
+            return [column.take(slots, axis=0) if size * column.strides[0] < _outputs.POOL_FROM
                     else _take(column, slots) for column in self.columns]
         refs = self.refs.take(slots, axis=0)
         data = []
@@ -868,20 +868,11 @@ class TableEngine:
             self.data_segment = None
 
 
-# Outputs smaller than this are taken as numpy allocates them: aligning costs about
-# 3 us a column, which only pays off when a framework would otherwise copy a large array.
-_ALIGN_FROM = 1 << 18
-
-
 def _take(column, rows):
-    """``column.take(rows, axis=0)`` into a 64-byte aligned array when it is large."""
-    nbytes = rows.size * column.strides[0]  # columns are C-contiguous
-    if nbytes < _ALIGN_FROM:
+    """``column.take(rows, axis=0)``; a large result goes into pooled aligned memory."""
+    if rows.size * column.strides[0] < _outputs.POOL_FROM:  # columns are C-contiguous
         return column.take(rows, axis=0)
-    shape = rows.shape + column.shape[1:]
-    raw = np.empty(nbytes + 64, np.uint8)
-    start = -raw.ctypes.data % 64
-    out = raw[start:start + nbytes].view(column.dtype).reshape(shape)
+    out = _outputs.empty(rows.shape + column.shape[1:], column.dtype)
     return np.take(column, rows, axis=0, out=out, mode="clip")
 
 

@@ -93,6 +93,23 @@ def test_prefetch_takes_at_most_prefetch_batches_ahead():
             assert client.server_info()["p"].num_sampled == 4 * (2 + 3)
 
 
+def test_several_workers_share_max_batches_and_prefetch():
+    with serve(prioritized()) as client:
+        fill(client, "p", 100)
+        with BatchIterator(client, "p", 4, max_batches=5, num_workers=2) as batches:
+            got = list(batches)
+        assert len(got) == 5 and all(np.asarray(b.data["i"]).shape == (4,) for b in got)
+        assert client.server_info()["p"].num_sampled == 5 * 4
+        with BatchIterator(client, "p", 4, prefetch=3, num_workers=2) as batches:
+            next(batches)
+            time.sleep(0.5)
+            assert client.server_info()["p"].num_sampled == 5 * 4 + 4 * (1 + 3)
+            threads = batches._threads
+        assert len(threads) == 2 and not any(thread.is_alive() for thread in threads)
+        with pytest.raises(ValueError, match="num_workers"):
+            BatchIterator(client, "p", 4, num_workers=0)
+
+
 def test_rate_limiter_timeout_ends_the_iteration():
     with serve(prioritized(min_size=5)) as client:
         fill(client, "p", 3)  # below min_size: nothing can be sampled
@@ -120,7 +137,7 @@ def test_close_stops_a_thread_blocked_on_an_empty_table():
         start = time.monotonic()
         batches.close()
         assert time.monotonic() - start < 2.0
-        assert not batches._thread.is_alive()
+        assert not any(thread.is_alive() for thread in batches._threads)
         with pytest.raises(StopIteration):
             next(batches)
 

@@ -253,6 +253,26 @@ def test_make_dataset_parallel_workers_and_max_batches():
         batches = list(dataset.as_numpy_iterator())
         assert len(batches) == 5
         assert all(b.info.key.shape == (8,) and b.info.key.dtype == np.uint64 for b in batches)
+        # Parallel calls and prefetch take no batch beyond max_batches.
+        assert client.server_info()["u"].num_sampled == 5 * 8
+
+
+def test_make_dataset_batches_kept_by_the_learner_stay_intact():
+    """Large batches reach TensorFlow without a copy, in recycled memory: a batch the
+    learner still holds must not be reused for a later one."""
+    rows = 96  # 96 x 4 KiB of obs: above the size that is gathered into recycled memory
+    with serve(uniform(max_size=4 * rows)) as (name, client):
+        ids = np.arange(4 * rows)
+        client.insert_batch({"id": ids, "obs": np.repeat(ids[:, None], 1024, 1).astype(np.int32)},
+                            {"u": 1.0}, timeout=5)
+        dataset = shmreplay_tf.make_dataset(name, "u", batch_size=rows, num_parallel_calls=2,
+                                            max_batches=30)
+        kept = []
+        for batch in dataset:
+            kept = (kept + [batch])[-4:]
+            for old in kept:
+                np.testing.assert_array_equal(old.data["obs"].numpy(),
+                                              np.repeat(old.data["id"].numpy()[:, None], 1024, 1))
 
 
 def test_make_dataset_acme_style_options():

@@ -90,3 +90,18 @@ def test_sampled_batches_kept_by_the_caller_are_never_overwritten():
             for old in kept:
                 assert (old.data["obs"] == old.data["id"][:, None]).all()
         client.close()
+
+
+def test_a_learner_that_drops_each_batch_reuses_the_same_memory():
+    """The point of the pool: batch after batch lands in memory already written (no
+    fresh pages to fault in), as long as the learner lets go of the previous batch."""
+    rows = _outputs.POOL_FROM // 2048 + 8
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 2 * rows,
+                            rate_limiters.MinSize(1))
+    with shmreplay.Server([table], name=unique("outputs-reuse")) as server:
+        client = shmreplay.Client(server.name)
+        client.insert_batch({"obs": np.zeros((2 * rows, 512), np.int32)}, {"t": 1.0})
+        addresses = {client.sample_batch("t", rows, timeout=5).data["obs"].ctypes.data
+                     for _ in range(10)}
+        assert len(addresses) == 1
+        client.close()

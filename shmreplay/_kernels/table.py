@@ -361,6 +361,36 @@ def _record(ctrl, meta, prio, slot, probability, out_i, out_f, j):
 
 
 @kernel
+def _record_batch(ctrl, meta, prio, tree, leaves, total, count, out_i, out_f):
+    """``_record`` for the ``count`` slots drawn into ``out_i[OUT_SLOT]``: each one's
+    probability is its leaf / ``total``, or uniform if ``total`` is 0.
+
+    Two passes: the first only reads (an item's metadata, priority and leaf), so the
+    loads of different items overlap; the second counts the samples. Uniform batches of
+    256 take about 1 us less this way than item by item.
+    """
+    size = ctrl[C_SIZE]
+    for j in range(count):
+        slot = out_i[OUT_SLOT, j]
+        if total > 0.0:
+            out_f[OUT_PROBABILITY, j] = tree[leaves + slot] / total
+        else:
+            out_f[OUT_PROBABILITY, j] = 1.0 / size
+        out_i[OUT_KEY, j] = meta[slot, M_KEY]
+        out_i[OUT_VERSION, j] = meta[slot, M_VERSION]
+        out_i[OUT_TIMES, j] = meta[slot, M_TIMES]
+        out_f[OUT_PRIORITY, j] = prio[slot]
+        out_i[OUT_TABLE_SIZE, j] = size
+    for j in range(count):
+        slot = out_i[OUT_SLOT, j]
+        times = meta[slot, M_TIMES] + 1
+        meta[slot, M_TIMES] = times
+        out_i[OUT_TIMES, j] = times
+        if times == 1:
+            ctrl[C_NUM_UNIQUE] += 1
+
+
+@kernel
 def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, register, out_i,
            out_f, out_gens, io):
     """Samples up to ``batch`` items: at least one, as many as the rate limiter allows
@@ -395,15 +425,13 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
         tree = trees[0]
         leaves = ctrl[C_TREE_LEAVES]
         total = tree[1] if kind == codes.PRIORITIZED else 0.0  # no tree otherwise
+        slots = out_i[OUT_SLOT]
         if total > 0.0:
-            sumtree.draw_batch(tree, leaves, count, out_i[OUT_SLOT], out_f[OUT_PROBABILITY])
-            for j in range(count):
-                slot = out_i[OUT_SLOT, j]
-                _record(ctrl, meta, prio, slot, tree[leaves + slot] / total, out_i, out_f, j)
+            sumtree.draw_batch(tree, leaves, count, slots, out_f[OUT_PROBABILITY])
         else:
             for j in range(count):
-                slot = meta[np.random.randint(0, size), M_LIVE]
-                _record(ctrl, meta, prio, slot, 1.0 / size, out_i, out_f, j)
+                slots[j] = meta[np.random.randint(0, size), M_LIVE]
+        _record_batch(ctrl, meta, prio, tree, leaves, total, count, out_i, out_f)
         ctrl[C_SAMPLES] += count
     else:
         while count < batch and ctrl[C_SIZE] > 0 and items.can_sample(ctrl, fctrl, 1):

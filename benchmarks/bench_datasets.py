@@ -12,14 +12,16 @@ For batch sizes B = 32 and 256, one consumer takes batches from:
 
 ==============  ============================================================================
 sample_batch    ``client.sample_batch(table, B)`` in a loop, numpy out (the baseline)
-make_dataset    ``shmreplay.tf.make_dataset(name, table, batch_size=B, prefetch_size=2)``
-                (one call at a time: keeps a FIFO table's order), and the same with
-                ``num_parallel_calls=2`` (two calls overlap: for tables with no order)
+make_dataset    ``shmreplay.tf.make_dataset(name, table, batch_size=B, prefetch_size=2,
+                num_parallel_calls=1)`` (one call at a time: keeps a FIFO table's
+                order), and the same with ``num_parallel_calls=2`` (two calls overlap:
+                for tables with no order; the default picks it for batches >= 1 MiB)
 traj.batch      ``shmreplay.tf.TrajectoryDataset.from_table_signature(name, table,
                 max_in_flight_samples_per_worker=2 * B).batch(B)`` (a per-item dataset
                 re-batched by tf.data)
-jax             ``shmreplay.jax.BatchIterator(client, table, B, prefetch=2)``, each batch
-                passed to ``jax.block_until_ready``; and the same with ``num_workers=2``
+jax             ``shmreplay.jax.BatchIterator(client, table, B, prefetch=2,
+                num_workers=1)``, each batch passed to ``jax.block_until_ready``; and the
+                same with ``num_workers=2`` (the default for batches >= 1 MiB)
 ==============  ============================================================================
 
 Each TensorFlow dataset is consumed three ways, each from its own iterator made once:
@@ -106,7 +108,7 @@ SKIP_BATCHES = 6  # untimed batches before each repeat of a prefetching case
 CASES = {
     "baseline": (None, "sample_batch(table, B), before any dataset (baseline)", False),
     "sample_batch": (None, "sample_batch(table, B), interleaved", False),
-    "md_eager": ("tf", "make_dataset(B, prefetch_size=2), eager next()", True),
+    "md_eager": ("tf", "make_dataset(B, prefetch_size=2, npc=1), eager next()", True),
     "md_step": ("tf", "make_dataset, tf.function step(iterator)", True),
     "md_loop": ("tf", "make_dataset, tf.function loop of K steps", True),
     "md2_eager": ("tf", "make_dataset(B, num_parallel_calls=2), eager next()", True),
@@ -115,7 +117,8 @@ CASES = {
     "traj_eager": ("tf", "TrajectoryDataset(2B in flight).batch(B), eager next()", True),
     "traj_step": ("tf", "TrajectoryDataset.batch, tf.function step(iterator)", True),
     "traj_loop": ("tf", "TrajectoryDataset.batch, tf.function loop of K steps", True),
-    "jax": ("jax", "jax BatchIterator(B, prefetch=2) + block_until_ready", True),
+    "jax": ("jax", "jax BatchIterator(B, prefetch=2, num_workers=1) + block_until_ready",
+            True),
     "jax2": ("jax", "jax BatchIterator(B, prefetch=2, num_workers=2) + block_until_ready",
              True),
     "floor_eager": ("tf", "breakdown: eager next() on from_tensors(sample).repeat()", False),
@@ -233,7 +236,7 @@ def build_tf_cases(cases, server_name, B, K, sample):
 
     builders = {
         "md": lambda: stf.make_dataset(server_name, TABLE, batch_size=B,
-                                       prefetch_size=PREFETCH),
+                                       prefetch_size=PREFETCH, num_parallel_calls=1),
         "md2": lambda: stf.make_dataset(server_name, TABLE, batch_size=B,
                                         prefetch_size=PREFETCH, num_parallel_calls=2),
         "traj": lambda: stf.TrajectoryDataset.from_table_signature(

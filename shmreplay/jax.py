@@ -16,18 +16,16 @@ in its native parts, and so does XLA), so the learner rarely waits for data.
 
 import queue
 import threading
-import time
 from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
 
-from shmreplay import errors, specs
+from shmreplay import _batches
 from shmreplay.client import Client
-from shmreplay.replay_sample import ReplaySample, SampleInfo
+from shmreplay.replay_sample import SampleInfo
 
 _END = object()
-_SLICE = 0.1  # seconds: how often a waiting thread checks whether it should stop
 
 
 class JaxBatch(NamedTuple):
@@ -58,10 +56,11 @@ class BatchIterator:
       rate_limiter_timeout_ms: Ends the iteration when no batch could be sampled in this
         many milliseconds (Reverb's dataset option). Negative: wait forever.
       max_batches: Ends the iteration after this many batches (None: never).
-      num_workers: Threads sampling batches at once. 1 (the default) keeps a FIFO
-        table's order. 2 lets one thread's copy (which runs outside the GIL) overlap the
-        other's Python work and ``device_put``: faster for large items, for tables whose
-        order does not matter (uniform, prioritized). Each worker attaches its own Client.
+      num_workers: Threads sampling batches at once; each attaches its own Client. 1
+        keeps a FIFO table's order. 2 lets one thread's copy (which runs outside the
+        GIL) overlap the other's Python work and ``device_put``: faster for large
+        batches from tables whose order does not matter (uniform, prioritized). None
+        (the default) picks 2 for such tables when a batch is 1 MiB or more, else 1.
 
     Raises (from ``next``):
       TableNotFoundError, BufferBrokenError: as ``Client.sample_batch``.
@@ -69,15 +68,15 @@ class BatchIterator:
 
     def __init__(self, client, table: str, batch_size: int, *, device=None, prefetch: int = 2,
                  importance_beta: Optional[float] = None, rate_limiter_timeout_ms: int = -1,
-                 max_batches: Optional[int] = None, num_workers: int = 1):
+                 max_batches: Optional[int] = None, num_workers: Optional[int] = None):
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
         if int(prefetch) != prefetch or prefetch < 1:
             raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}.")
         if max_batches is not None and max_batches < 0:
             raise ValueError(f"max_batches must be None or >= 0, got {max_batches!r}.")
-        if int(num_workers) != num_workers or num_workers < 1:
-            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}.")
+        if num_workers is not None and (int(num_workers) != num_workers or num_workers < 1):
+            raise ValueError(f"num_workers must be None or an integer >= 1, got {num_workers!r}.")
         self._client = client if isinstance(client, Client) else Client(client)
         self._owns_client = not isinstance(client, Client)
         self._client._engine(table)  # unknown table: fail now, not in the thread
@@ -94,37 +93,54 @@ class BatchIterator:
         self._queue = queue.Queue()
         self._stop = threading.Event()
         self._done = False
-        self._running = int(num_workers)  # workers that have not put their _END yet
-        clients = [self._client] + [
-            Client(self._client.server_address, trust_group=self._client._trust_group)
-            for _ in range(int(num_workers) - 1)]
-        self._worker_clients = clients[1:]
-        self._threads = [
-            threading.Thread(target=self._produce, args=(worker_client, self._budget(index)),
-                             name=f"shmreplay-jax-{table}-{index}", daemon=True)
-            for index, worker_client in enumerate(clients)]
-        for thread in self._threads:
-            thread.start()
+        self._lock = threading.Lock()
+        self._claimed = 0     # batches the workers have started (max_batches bounds it)
+        self._running = 0     # workers that have not put their _END yet
+        self._threads = []
+        self._worker_clients = []
+        # None: one worker now; the first batch's size decides whether a second joins.
+        self._auto_workers = num_workers is None
+        for _ in range(1 if num_workers is None else int(num_workers)):
+            self._start_worker()
 
-    def _budget(self, index):
-        """Worker ``index`` 's share of ``max_batches`` (None: unbounded)."""
-        if self._max_batches is None:
-            return None
-        workers = len(self._worker_clients) + 1
-        return self._max_batches // workers + (1 if index < self._max_batches % workers else 0)
+    def _start_worker(self):
+        """Starts a sampling thread (its own Client, except for the first)."""
+        with self._lock:
+            if self._threads:
+                client = Client(self._client.server_address,
+                                trust_group=self._client._trust_group)
+                self._worker_clients.append(client)
+            else:
+                client = self._client
+            self._running += 1
+            thread = threading.Thread(target=self._produce, args=(client,), daemon=True,
+                                      name=f"shmreplay-jax-{self.table}-{len(self._threads)}")
+            self._threads.append(thread)
+        thread.start()
 
-    # --- the producer thread ----------------------------------------------------------
+    def _claim(self) -> bool:
+        """Takes the next batch to sample, unless ``max_batches`` were taken."""
+        with self._lock:
+            if self._max_batches is not None and self._claimed >= self._max_batches:
+                return False
+            self._claimed += 1
+            return True
 
-    def _produce(self, client, budget):
-        produced = 0
+    # --- the producer threads ---------------------------------------------------------
+
+    def _produce(self, client):
         try:
-            while budget is None or produced < budget:
-                if not self._take_credit():
-                    return
-                sample = self._sample_full_batch(client)
+            while self._take_credit() and self._claim():
+                sample = _batches.full_batch(client, self.table, self.batch_size,
+                                             self._timeout, self._stop)
                 if sample is None:
                     break
-                produced += 1
+                if self._auto_workers:
+                    self._auto_workers = False
+                    batch_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(
+                        sample.data))
+                    if _batches.default_parallelism(client, self.table, batch_bytes) > 1:
+                        self._start_worker()
                 self._queue.put(self._to_device(sample))
         except BaseException as exc:  # delivered to the consumer by __next__
             self._queue.put(exc)
@@ -133,35 +149,9 @@ class BatchIterator:
 
     def _take_credit(self) -> bool:
         while not self._stop.is_set():
-            if self._credit.acquire(timeout=_SLICE):
+            if self._credit.acquire(timeout=_batches.SLICE):
                 return True
         return False
-
-    def _sample_full_batch(self, client):
-        """A full batch, or None when stopping or ``rate_limiter_timeout_ms`` ran out.
-
-        Waits in short slices, so that ``close`` is noticed; rows that a slice brings
-        are kept and the rest is sampled next.
-        """
-        parts, have = [], 0
-        last_rows = time.monotonic()
-        while have < self.batch_size:
-            if self._stop.is_set():
-                return None
-            wait = _SLICE
-            if self._timeout is not None:
-                wait = min(wait, max(0.0, self._timeout - (time.monotonic() - last_rows)))
-            try:
-                part = client.sample_batch(self.table, self.batch_size - have, timeout=wait)
-            except errors.DeadlineExceededError:
-                if (self._timeout is not None
-                        and time.monotonic() - last_rows >= self._timeout):
-                    return None  # like Reverb's datasets: the end (a partial batch is dropped)
-                continue
-            parts.append(part)
-            have += len(part.info.key)
-            last_rows = time.monotonic()
-        return parts[0] if len(parts) == 1 else _concatenate(parts)
 
     def _to_device(self, sample) -> JaxBatch:
         # One device_put for the whole batch: each call costs tens of microseconds.
@@ -179,14 +169,15 @@ class BatchIterator:
     def __next__(self) -> JaxBatch:
         while not self._done:
             try:
-                item = self._queue.get(timeout=_SLICE)
+                item = self._queue.get(timeout=_batches.SLICE)
             except queue.Empty:
                 if not any(thread.is_alive() for thread in self._threads) and self._queue.empty():
                     self._done = True
                 continue
             if item is _END:
-                self._running -= 1
-                self._done = self._running == 0
+                with self._lock:
+                    self._running -= 1
+                    self._done = self._running == 0
                 continue
             if isinstance(item, BaseException):
                 self._done = True
@@ -214,7 +205,7 @@ class BatchIterator:
         return self._client.update_priorities(self.table, keys, errors_host + epsilon)
 
     def close(self):
-        """Stops the producer thread (batches already sampled are dropped)."""
+        """Stops the sampling threads (batches already sampled are dropped)."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
@@ -234,11 +225,3 @@ class BatchIterator:
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
-
-
-def _concatenate(parts):
-    """One ReplaySample from several partial batches (rows in order)."""
-    info = SampleInfo(*(np.concatenate(fields) for fields in zip(*(p.info for p in parts))))
-    data = specs.optree.tree_map(lambda *leaves: np.concatenate(leaves),
-                                 *(p.data for p in parts))
-    return ReplaySample(info, data)

@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from shmreplay import _outputs, errors, specs
+from shmreplay import _batches, _outputs, errors, specs
 from shmreplay.client import Client
 from shmreplay.replay_sample import INFO_DTYPES, ReplaySample, SampleInfo
 
@@ -322,7 +322,7 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
 
 def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                  prefetch_size: int = 2, sequence_length: Optional[int] = None,
-                 num_parallel_calls: int = 1, deterministic: bool = True,
+                 num_parallel_calls: Optional[int] = None, deterministic: bool = True,
                  rate_limiter_timeout_ms: int = -1, max_batches: int = -1):
     """A dataset of whole batches, the learner's fast path (Acme's ``make_reverb_dataset``).
 
@@ -338,8 +338,11 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
         taken). 0: none.
       sequence_length: If given, the items' time dimension, checked against the table
         (every column that has one).
-      num_parallel_calls: Workers sampling batches in parallel. 1 keeps a FIFO table's
-        order (the deterministic single-worker mode).
+      num_parallel_calls: Batches sampled at once. 1 keeps a FIFO table's order (the
+        deterministic single-worker mode); 2 lets one call's copy overlap the other's
+        Python work, faster for large batches from tables whose order does not matter.
+        None (the default) picks 2 for uniform and prioritized tables when a batch is
+        1 MiB or more, else 1.
       deterministic: With several workers, take their batches in a fixed rotation
         (True) or as they come (False, faster).
       rate_limiter_timeout_ms: End when a batch could not be filled for this long.
@@ -350,8 +353,8 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     """
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be None or >= 1, got {batch_size}.")
-    if num_parallel_calls < 1:
-        raise ValueError(f"num_parallel_calls must be >= 1, got {num_parallel_calls}.")
+    if num_parallel_calls is not None and num_parallel_calls < 1:
+        raise ValueError(f"num_parallel_calls must be None or >= 1, got {num_parallel_calls}.")
     dtypes, shapes = table_signature(server_address, table)
     if sequence_length is not None:
         lengths = {shape[0] for shape in specs.optree.tree_leaves(shapes, is_leaf=_is_shape)
@@ -362,11 +365,19 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                 f"items whose leading dimensions are {sorted(lengths)}.")
     if batch_size is None:
         items = TrajectoryDataset(server_address, table, dtypes, shapes, 2,
-                                  num_parallel_calls, -1, rate_limiter_timeout_ms,
+                                  num_parallel_calls or 1, -1, rate_limiter_timeout_ms,
                                   -1 if max_batches < 0 else max_batches)
         return items.prefetch(prefetch_size) if prefetch_size > 0 else items
     spec = ReplaySample(_info_spec((batch_size,)), _data_spec(dtypes, shapes, (batch_size,)))
     timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
+    if num_parallel_calls is None:
+        batch_bytes = sum(leaf.shape.num_elements() * leaf.dtype.size
+                          for leaf in tf.nest.flatten(spec.data))
+        client = _connect(server_address)
+        try:
+            num_parallel_calls = _batches.default_parallelism(client, table, batch_bytes)
+        finally:
+            client.close()
     return _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches,
                           num_parallel_calls, deterministic, prefetch_size)
 
@@ -388,7 +399,7 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
 
     def fetch(_):
         with clients.borrow() as client:
-            sample = _full_batch(client, table, batch_size, timeout)
+            sample = _batches.full_batch(client, table, batch_size, timeout)
         if sample is None:
             return [False] + [np.zeros(s.shape, s.dtype.as_numpy_dtype) for s in flat_spec]
         leaves = tf.nest.flatten(sample)
@@ -456,29 +467,6 @@ def _shared_tensor(leaf):
     return tf.experimental.dlpack.from_dlpack(leaf.__dlpack__())
 
 
-def _full_batch(client, table, batch_size, timeout):
-    """A full batch, or None once no row came for ``timeout`` seconds."""
-    parts, have = [], 0
-    last_rows = time.monotonic()
-    while have < batch_size:
-        wait = _SLICE if timeout is None else min(
-            _SLICE, max(0.0, timeout - (time.monotonic() - last_rows)))
-        try:
-            part = client.sample_batch(table, batch_size - have, timeout=wait)
-        except errors.DeadlineExceededError:
-            if timeout is not None and time.monotonic() - last_rows >= timeout:
-                return None
-            continue
-        parts.append(part)
-        have += len(part.info.key)
-        last_rows = time.monotonic()
-    if len(parts) == 1:
-        return parts[0]
-    info = SampleInfo(*(np.concatenate(fields) for fields in zip(*(p.info for p in parts))))
-    data = specs.optree.tree_map(lambda *leaves: np.concatenate(leaves), *(p.data for p in parts))
-    return ReplaySample(info, data)
-
-
 class ReplayBuffer:
     """A tf_agents-style replay buffer over a shmreplay table (no tf_agents needed).
 
@@ -532,7 +520,7 @@ class ReplayBuffer:
         timeout = 1000 if single_deterministic_pass else -1
         if sample_batch_size is not None and not single_deterministic_pass:
             dataset = make_dataset(self._address, self._table, sample_batch_size,
-                                   num_parallel_calls=num_parallel_calls or 1,
+                                   num_parallel_calls=num_parallel_calls,
                                    rate_limiter_timeout_ms=timeout)
         else:
             workers = 1 if single_deterministic_pass else (num_parallel_calls or -1)

@@ -110,6 +110,25 @@ def test_several_workers_share_max_batches_and_prefetch():
             BatchIterator(client, "p", 4, num_workers=0)
 
 
+def test_large_batches_of_an_unordered_table_get_a_second_worker():
+    big = shmreplay.Table("big", selectors.Uniform(), selectors.Fifo(), 64,
+                          rate_limiters.MinSize(1))
+    fifo = shmreplay.Table.queue("fifo", 64)
+    with serve(big, fifo) as client:
+        frames = np.zeros((32, 64, 1024), np.uint8)  # 64 KiB items: a batch of 16 is 1 MiB
+        client.insert_batch({"obs": frames}, {"big": 1.0, "fifo": 1.0}, timeout=5)
+        with BatchIterator(client, "big", 16, max_batches=4) as batches:
+            assert len(list(batches)) == 4
+            assert len(batches._threads) == 2
+        with BatchIterator(client, "big", 2, max_batches=2) as batches:  # 128 KiB
+            assert len(list(batches)) == 2
+            assert len(batches._threads) == 1
+        with BatchIterator(client, "fifo", 16, max_batches=2) as batches:  # keeps order
+            keys = [np.asarray(b.info.key).tolist() for b in batches]
+            assert len(batches._threads) == 1
+        assert keys[0] + keys[1] == sorted(keys[0] + keys[1])
+
+
 def test_rate_limiter_timeout_ends_the_iteration():
     with serve(prioritized(min_size=5)) as client:
         fill(client, "p", 3)  # below min_size: nothing can be sampled

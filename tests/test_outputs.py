@@ -7,7 +7,7 @@ import pytest
 
 import shmreplay
 from shmreplay import _outputs, rate_limiters, selectors
-from tests._names import unique
+import _names
 
 BIG = (_outputs.POOL_FROM // 4096 + 1, 4096)  # just above the pooling size, in uint8
 
@@ -75,7 +75,7 @@ def test_sampled_batches_kept_by_the_caller_are_never_overwritten():
     rows = _outputs.POOL_FROM // 2048 + 8  # obs of 2 KiB: a batch of ``rows`` is pooled
     table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 4 * rows,
                             rate_limiters.MinSize(1))
-    with shmreplay.Server([table], name=unique("outputs")) as server:
+    with shmreplay.Server([table], name=_names.unique("outputs")) as server:
         client = shmreplay.Client(server.name)
         ids = np.arange(4 * rows)
         client.insert_batch({"id": ids, "obs": np.repeat(ids[:, None], 512, 1).astype(np.int32)},
@@ -98,7 +98,7 @@ def test_a_learner_that_drops_each_batch_reuses_the_same_memory():
     rows = _outputs.POOL_FROM // 2048 + 8
     table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 2 * rows,
                             rate_limiters.MinSize(1))
-    with shmreplay.Server([table], name=unique("outputs-reuse")) as server:
+    with shmreplay.Server([table], name=_names.unique("outputs-reuse")) as server:
         client = shmreplay.Client(server.name)
         client.insert_batch({"obs": np.zeros((2 * rows, 512), np.int32)}, {"t": 1.0})
         addresses = {client.sample_batch("t", rows, timeout=5).data["obs"].ctypes.data

@@ -143,7 +143,9 @@ def test_no_torn_items_under_heavy_overwrite_from_three_writers(buffer_name):
             assert not bad_rows, f"torn items sampled: {bad_rows[:3]}"
             # The test only means something if sampling and overwriting overlapped a lot.
             inserted = info.num_inserted - inserted_before
-            assert batches >= 10, f"only {batches} sample batches in 3 s"
+            # A redraw checks only its own row: re-checking the whole batch livelocked
+            # here (110 to 370 batches in 3 s, single calls of up to 2.7 s; now ~18,000).
+            assert batches >= 1000, f"only {batches} sample batches in 3 s"
             assert inserted >= 300, f"only {inserted} inserts in 3 s"
             assert min(counts) >= 100, f"a writer barely ran: {counts}"
             assert info.current_size == 4

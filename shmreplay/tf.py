@@ -34,8 +34,6 @@ from shmreplay import _batches, _outputs, errors, specs
 from shmreplay.client import Client
 from shmreplay.replay_sample import INFO_DTYPES, ReplaySample, SampleInfo
 
-_SLICE = 0.1  # seconds a worker waits at a time, so that tf.data can stop it
-
 __all__ = ["ReplayBuffer", "ReplayDataset", "TimestepDataset", "TrajectoryDataset",
            "make_dataset"]
 
@@ -121,7 +119,7 @@ class _Worker:
         """Up to ``wanted`` items (at least one), or None when the timeout ended it."""
         started = time.monotonic()
         while True:
-            wait = _SLICE
+            wait = _batches.SLICE
             if self.timeout is not None:
                 wait = min(wait, max(0.0, self.timeout - (time.monotonic() - started)))
             try:

@@ -167,6 +167,15 @@ def _fifo(max_size):
                            rate_limiters.MinSize(1))
 
 
+def _insert_in_batches(client, count):
+    """Inserts ``count`` items, 100 per call; returns the keys issued."""
+    keys = set()
+    for start in range(0, count, 100):
+        batch = {"obs": np.zeros((100, 4), np.float32), "id": np.arange(start, start + 100)}
+        keys.update(int(k) for k in client.insert_batch(batch, {"t": 1.0}, timeout=5)["t"])
+    return keys
+
+
 def test_keys_of_a_run_never_name_items_after_a_restore_with_another_max_size(
         buffer_name, tmp_path):
     # max_size 300 has 600 slots (10 key bits for the slot), max_size 150 has 300
@@ -175,12 +184,7 @@ def test_keys_of_a_run_never_name_items_after_a_restore_with_another_max_size(
     # run issued: a learner holding one would update or delete another item with it.
     with shmreplay.Server([_fifo(300)], name=buffer_name) as server:
         client = shmreplay.Client(server.name)
-        issued = set()
-        for start in range(0, 1500, 100):
-            keys = client.insert_batch({"obs": np.zeros((100, 4), np.float32),
-                                        "id": np.arange(start, start + 100)}, {"t": 1.0},
-                                       timeout=5)["t"]
-            issued.update(int(k) for k in keys)
+        issued = _insert_in_batches(client, 1500)
         path = client.checkpoint(str(tmp_path / "t.ckpt"))
         client.close()
     for max_size in (150, 5000):  # fewer and more slot bits
@@ -189,12 +193,7 @@ def test_keys_of_a_run_never_name_items_after_a_restore_with_another_max_size(
                               override_config=True) as server:
             copy = shmreplay.Client(server.name)
             restored = {int(k) for k in _checkpoint.snapshot_table(copy._engine("t")).arrays["key"]}
-            new = set()
-            for start in range(0, 3000, 100):
-                keys = copy.insert_batch({"obs": np.zeros((100, 4), np.float32),
-                                          "id": np.arange(start, start + 100)}, {"t": 1.0},
-                                         timeout=5)["t"]
-                new.update(int(k) for k in keys)
+            new = _insert_in_batches(copy, 3000)
             assert not restored & issued
             assert not new & issued
             assert not new & restored

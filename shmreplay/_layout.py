@@ -215,6 +215,13 @@ def table_views(buf, region: TableRegion) -> TableViews:
     )
 
 
+def table_offsets(region: TableRegion) -> np.ndarray:
+    """``table_views`` as numbers, for kernels that make the views themselves (one
+    argument instead of five): see ``shmreplay._kernels.table.TABLE_*``."""
+    return np.array([region.ctrl, region.fctrl, region.meta, region.trees, region.capacity,
+                     max(2 * region.tree_leaves, 1)], np.int64)
+
+
 def header_view(buf) -> np.ndarray:
     """The header record (a 0-d structured array view)."""
     return np.frombuffer(buf, HEADER, 1, 0)[0:1]

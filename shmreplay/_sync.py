@@ -43,6 +43,7 @@ import errno
 
 import numpy as np
 from numba import types
+from numba.core.extending import intrinsic
 
 from shmreplay._kernels import kernel
 
@@ -73,6 +74,19 @@ _SIGSTOP = 19  # x86_64 Linux
 _syscall6 = types.ExternalFunction(
     "syscall", types.int64(types.int64, types.voidptr, types.int64, types.int64,
                            types.voidptr, types.voidptr, types.int64))
+
+
+@intrinsic
+def fence(typingctx):
+    """A full memory barrier: no load or store moves across it (compiler or CPU).
+
+    Kernels that copy item data and then re-check the seqlock in one native call need
+    it, so that the re-check's loads are not done before the copy's.
+    """
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen
 
 
 @kernel

@@ -17,7 +17,7 @@ import cloudpickle
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _outputs, _segment, _storage, _sync, errors, specs
+from shmreplay import _batch_outputs, _outputs, _segment, _storage, _sync, errors, specs
 from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
@@ -80,6 +80,9 @@ class TableEngine:
         self.max_priority = _max_priority(config, self.capacity)
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
+        # For kernels.sample_gather: the segment's bytes and where this table is in them.
+        self._header_bytes = np.frombuffer(buf, np.uint8)
+        self._table_offsets = L.table_offsets(region)
         self._table_arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
         # Kernels take the step arrays too; placeholders until the data segment is mapped.
         self.refs, self.rows = L.no_step_views()
@@ -89,6 +92,7 @@ class TableEngine:
         self.storage = None      # what the data segment holds (``shmreplay._storage``)
         self.columns = None      # the stores: per column (whole items) or per writer field
         self.column_specs = None
+        self._results = None     # reusable small-batch results (whole items only)
         self.treedef = None
         self.paths = None
         self.signature = None
@@ -269,6 +273,15 @@ class TableEngine:
         self.refs, self.rows = L.step_views(segment.buf, plan, self.capacity)
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.columns = L.store_views(segment.buf, plan, storage.store_specs)
+        if not storage.steps:
+            # What ``kernels.sample_gather`` copies rows from: the segment's bytes, and
+            # each store's (start, row size) in them.
+            self._data_bytes = np.frombuffer(segment.buf, np.uint8)
+            stores = [(start, column[0].nbytes if len(column) else 0)
+                      for start, column in zip(plan.stores, self.columns)]
+            self._flat_keys = _flat_access(self.treedef)
+            self._results = _batch_outputs.ResultPool(self.column_specs, stores,
+                                                      self._unflatten)
 
     def fast_leaves(self, data):
         """The leaves of ``data`` if they match the columns exactly, else None.
@@ -619,18 +632,65 @@ class TableEngine:
         table ran out of items (``max_times_sampled``), or if ``timeout`` expired after at
         least one row was taken.
         """
+        results = self._results
+        if results is not None:  # whole items: small batches reuse their arrays
+            outputs = results.claim(batch_size)
+            if outputs is not None:
+                try:
+                    # One native call draws, copies and re-checks the batch.
+                    if kernels.sample_gather(self._header_bytes, self._table_offsets,
+                                             batch_size, _PID[0], self._data_bytes,
+                                             outputs.block, outputs.layout) == batch_size:
+                        return outputs.result(batch_size)
+                    return self._finish_into(outputs, batch_size, timeout)
+                finally:
+                    results.release(outputs)
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         if self.columns is None and not self.has_columns():
             # Nothing was ever inserted: wait for the first item, then map its columns.
             self._blocking(kernels.wait_for_items, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout,
                            False, lambda was_waiting, register: (was_waiting, register))
             self.has_columns()
+            return self.sample(batch_size, None if deadline is None
+                               else deadline - time.monotonic())
+        return self._sample_new(batch_size, deadline)
+
+    def _finish_into(self, outputs, batch_size, timeout):
+        """``sample_gather`` was blocked, stopped early, deleted what it drew, or found
+        torn rows: the general steps finish the batch (copying its rows again, which is
+        cheap next to any of these)."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        io = outputs.io
+        count, _ = self._complete(batch_size, io.item(kernels.GATHER_COUNT), outputs.out_i,
+                                  outputs.out_f, outputs.gens, io, deadline,
+                                  outputs.gather_from(self.columns))
+        outputs.times[:count] = outputs.out_i[kernels.OUT_TIMES, :count]
+        return outputs.result(count)
+
+    def _sample_new(self, batch_size, deadline):
+        """The general path: new arrays for the result."""
         out_i = np.empty((kernels.OUT_INT_ROWS, batch_size), np.int64)
         out_f = np.empty((kernels.OUT_FLOAT_ROWS, batch_size), np.float64)
         out_gens = np.empty((batch_size, self.refs.shape[1]), np.int32)
         io = np.zeros(3, np.int64)
-        pid = _PID[0]
-        count = kernels.sample(*self.arrays, batch_size, pid, 0, 0, out_i, out_f, out_gens, io)
+        count = kernels.sample(*self.arrays, batch_size, _PID[0], 0, 0, out_i, out_f, out_gens,
+                               io)
+        count, data = self._complete(batch_size, count, out_i, out_f, out_gens, io, deadline,
+                                     self._gather)
+        out_i = out_i[:, :count]
+        out_f = out_f[:, :count]
+        info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
+                          out_i[kernels.OUT_TABLE_SIZE], out_f[kernels.OUT_PRIORITY],
+                          out_i[kernels.OUT_TIMES].astype(np.int32))
+        return ReplaySample(info, self._unflatten(data))
+
+    def _complete(self, batch_size, count, out_i, out_f, out_gens, io, deadline, gather):
+        """Finishes a draw whose first kernel call returned ``count``: waits if it was
+        blocked, fills the batch as the rate limiter allows, copies the rows with
+        ``gather(slots)``, redraws torn ones, and frees the slots of items it deleted.
+
+        Returns ``(count, data)``: rows taken, and one array per column.
+        """
         if count < 0:
             count = self._draw_blocking(batch_size, out_i, out_f, out_gens, io, deadline, count)
         reserves = io.item(1)
@@ -640,31 +700,22 @@ class TableEngine:
                 # The rate limiter stopped the batch early: wait for credit, fill the rest.
                 count, more = self._fill(out_i, out_f, out_gens, count, deadline)
                 drained += more
-            if count < batch_size:
-                out_i = out_i[:, :count]
-                out_f = out_f[:, :count]
-                out_gens = out_gens[:count]
-            slots = out_i[kernels.OUT_SLOT]
-            data = self._gather(slots)
+            slots = out_i[kernels.OUT_SLOT, :count]
+            data = gather(slots)
             if self.ctrl.item(L.C_RESERVES) != reserves:  # slots or rows reused: check ours
                 torn = np.empty(count, np.int64)
                 torn_count = kernels.torn_rows(self.meta, self.refs, self.rows, slots,
-                                               out_i[kernels.OUT_VERSION], out_gens, torn)
+                                               out_i[kernels.OUT_VERSION, :count],
+                                               out_gens[:count], torn)
                 if torn_count:
                     drained += self._redraw_torn_rows(out_i, out_f, out_gens, data,
                                                       torn[:torn_count].tolist())
         finally:
             if drained:
                 # Items this call deleted (max_times_sampled) kept their slots until now.
-                kernels.release_drained(*self.arrays, out_i[kernels.OUT_SLOT],
-                                        out_i[kernels.OUT_VERSION], pid)
-        info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
-                          out_i[kernels.OUT_TABLE_SIZE], out_f[kernels.OUT_PRIORITY],
-                          out_i[kernels.OUT_TIMES].astype(np.int32))
-        keys = self._flat_keys
-        if keys and keys is not _UNSET:  # a flat dict: skip optree
-            return ReplaySample(info, dict(zip(keys, data)))
-        return ReplaySample(info, self._unflatten(data))
+                kernels.release_drained(*self.arrays, out_i[kernels.OUT_SLOT, :count],
+                                        out_i[kernels.OUT_VERSION, :count], _PID[0])
+        return count, data
 
     def _gather(self, slots):
         """Copies the items in ``slots`` out of shared memory, one array per column.

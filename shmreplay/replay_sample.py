@@ -15,6 +15,7 @@ INFO_DTYPES = {
 
 
 _weights_kernel = None
+_FLOAT32, _FLOAT64, _INT64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 
 
 def _load_weights_kernel():
@@ -59,13 +60,15 @@ class SampleInfo(NamedTuple):
         """
         kernel = _weights_kernel or _load_weights_kernel()
         prob, size = self.probability, self.table_size
-        if type(prob) is not np.ndarray or prob.dtype != np.float64 or prob.ndim != 1:
+        # Batches from sample_batch pass as they are; anything else is converted.
+        flat = type(prob) is np.ndarray and prob.ndim == 1
+        if not flat or prob.dtype is not _FLOAT64:
             prob = np.asarray(prob, dtype=np.float64).reshape(-1)
-        if type(size) is not np.ndarray or size.dtype != np.int64 or size.ndim != 1:
+        if type(size) is not np.ndarray or size.dtype is not _INT64 or size.ndim != 1:
             size = np.asarray(size, dtype=np.int64).reshape(-1)
-        weights = np.empty(prob.shape[0], np.float32)
+        weights = np.empty(prob.shape[0], _FLOAT32)
         kernel(prob, size, float(beta), bool(normalize), weights)
-        if np.ndim(self.probability) != 1:
+        if not flat:
             return weights.reshape(np.shape(self.probability))
         return weights
 

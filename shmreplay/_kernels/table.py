@@ -14,6 +14,7 @@ from shmreplay import _sync
 from shmreplay._kernels import codes, items, kernel, rows as step_rows, sumtree
 from shmreplay._kernels import verify as verify_kernels
 from shmreplay._layout import (
+    CTRL_WORDS, F_WORDS, META_FIELDS, M_PRIO, ROW_FIELDS,
     C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
     C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_REMOVER_KIND, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
     C_RESERVES, C_ROWS_DIRTY, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_DELETED, C_TOTAL_INSERTED,
@@ -461,6 +462,91 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
     _bump(ctrl, C_SPACE_SEQ)
     _unlock_and_wake(ctrl, False, True)
     return count
+
+
+# ``sample_gather``'s ``table``: where a table's arrays are in its header segment.
+TABLE_CTRL, TABLE_FCTRL, TABLE_META, TABLE_TREES, TABLE_CAPACITY, TABLE_TREE_LENGTH = range(6)
+TABLE_FIELDS = 6
+# Its ``layout``: where each output is in its byte block ``out``, then three entries per
+# column (output start, store start in the data segment, row bytes).
+LAYOUT_OUT_I, LAYOUT_OUT_F, LAYOUT_TIMES, LAYOUT_TORN, LAYOUT_IO = range(5)
+LAYOUT_COLUMNS = 5
+# Its ``io``: ``sample``'s three entries, the rows drawn, and how many may be torn.
+GATHER_COUNT, GATHER_TORN = 3, 4
+GATHER_IO = 5
+
+
+@kernel
+def _table_arrays(segment, table):
+    """The arrays the locked kernels take, made from the header segment's bytes
+    (whole-item tables: no step rows)."""
+    capacity = table[TABLE_CAPACITY]
+    start = table[TABLE_CTRL]
+    ctrl = segment[start:start + CTRL_WORDS * 8].view(np.int64)
+    start = table[TABLE_FCTRL]
+    fctrl = segment[start:start + F_WORDS * 8].view(np.float64)
+    start = table[TABLE_META]
+    meta_bytes = segment[start:start + capacity * META_FIELDS * 8]
+    meta = meta_bytes.view(np.int64).reshape((capacity, META_FIELDS))
+    prio = meta_bytes.view(np.float64)[M_PRIO::META_FIELDS]
+    start = table[TABLE_TREES]
+    length = table[TABLE_TREE_LENGTH]
+    trees = segment[start:start + 2 * length * 8].view(np.float64).reshape((2, length))
+    no_rows = segment[0:0].view(np.int32)
+    return ctrl, fctrl, meta, prio, trees, no_rows.reshape((0, 0)), no_rows.reshape((0, ROW_FIELDS))
+
+
+@kernel
+def sample_gather(segment, table, batch, pid, data, out, layout):
+    """``sample`` of whole items, their rows copied and re-checked, in one native call.
+
+    The small-batch fast path. The draw takes the lock; the copy and the seqlock
+    re-check run after it is released, as in the engine's general path. Arguments are
+    few on purpose (passing an array costs about 70 ns): the table's arrays are made
+    here from its header ``segment`` at the offsets in ``table``; every output lives
+    in the byte block ``out`` at the offsets in ``layout``: ``sample``'s ``out_i`` and
+    ``out_f``, ``times_sampled`` as int32, the torn rows, ``io``, and each column
+    ``[batch, ...]`` (rows copied from ``data``, the data segment's bytes).
+
+    Returns ``batch`` when the whole batch was drawn, copied and found clean.
+    Otherwise returns ``UNFINISHED`` with ``sample``'s result in ``io[GATHER_COUNT]``
+    (a status, or the rows drawn and copied) and ``io[GATHER_TORN]`` the rows that may
+    be torn (listed in the torn rows); the caller finishes the general way.
+    """
+    ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
+    out_i = out[layout[LAYOUT_OUT_I]:layout[LAYOUT_OUT_I] + OUT_INT_ROWS * batch * 8].view(
+        np.int64).reshape((OUT_INT_ROWS, batch))
+    out_f = out[layout[LAYOUT_OUT_F]:layout[LAYOUT_OUT_F] + OUT_FLOAT_ROWS * batch * 8].view(
+        np.float64).reshape((OUT_FLOAT_ROWS, batch))
+    times = out[layout[LAYOUT_TIMES]:layout[LAYOUT_TIMES] + batch * 4].view(np.int32)
+    torn = out[layout[LAYOUT_TORN]:layout[LAYOUT_TORN] + batch * 8].view(np.int64)
+    io = out[layout[LAYOUT_IO]:layout[LAYOUT_IO] + GATHER_IO * 8].view(np.int64)
+    gens = refs[:batch]  # whole items reference no rows: never indexed
+    io[GATHER_TORN] = 0
+    count = sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, 0, 0, out_i, out_f,
+                   gens, io)
+    io[GATHER_COUNT] = count
+    if count <= 0:
+        return codes.UNFINISHED
+    slots = out_i[OUT_SLOT]
+    for j in range(count):
+        times[j] = out_i[OUT_TIMES, j]
+    for c in range(LAYOUT_COLUMNS, layout.shape[0], 3):
+        into = layout[c]
+        start = layout[c + 1]
+        size = layout[c + 2]
+        for j in range(count):
+            source = start + slots[j] * size
+            for b in range(size):  # (a slice assignment would need numba's allocator)
+                out[into + b] = data[source + b]
+            into += size
+    _sync.fence()
+    if ctrl[C_RESERVES] != io[1]:  # some slot was reserved again: check ours
+        io[GATHER_TORN] = torn_rows(meta, refs, rows, slots[:count], out_i[OUT_VERSION, :count],
+                                    gens, torn)
+    if count == batch and io[2] == 0 and io[GATHER_TORN] == 0:
+        return count
+    return codes.UNFINISHED
 
 
 @kernel

@@ -1,0 +1,211 @@
+"""Reused results of small sampled batches (``shmreplay._batch_outputs``).
+
+A result is refilled only when nothing outside holds any part of it; these tests hold
+each part in turn and check that what they hold never changes, and that a result
+nobody holds is reused.
+"""
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import shmreplay
+from shmreplay import _batch_outputs, rate_limiters, selectors
+import _names
+
+CAPACITY = 64
+
+
+def _item(key):
+    """An item whose every leaf is derived from ``key``, so a sample can be checked."""
+    return {"obs": np.full((3, 2), key, np.float32), "action": np.int64(key),
+            "flag": np.bool_(key % 2), "empty": np.zeros((0,), np.float64)}
+
+
+def _check(batch):
+    """Each row holds the item its key says (whatever was sampled)."""
+    keys = batch.data["action"]
+    assert (batch.data["obs"] == keys[:, None, None].astype(np.float32)).all()
+    assert (batch.data["flag"] == (keys % 2).astype(bool)).all()
+    assert batch.data["empty"].shape == (len(keys), 0)
+
+
+@pytest.fixture()
+def client():
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), CAPACITY,
+                            rate_limiters.MinSize(1))
+    with shmreplay.Server([table], name=_names.unique("results")) as server:
+        client = shmreplay.Client(server.name)
+        for key in range(CAPACITY):
+            client.insert(_item(key), {"t": 1.0})
+        yield client
+        client.close()
+
+
+def _pool(client, batch_size):
+    return client._engine("t")._results._pools[batch_size]
+
+
+def _snapshot(batch):
+    return ([np.array(field, copy=True) for field in batch.info],
+            {k: np.array(v, copy=True) for k, v in batch.data.items()})
+
+
+def _unchanged(batch, snapshot):
+    info, data = snapshot
+    return (all((a == b).all() for a, b in zip(batch.info, info))
+            and all((batch.data[k] == v).all() for k, v in data.items()))
+
+
+def test_sampled_rows_hold_the_items_their_keys_name(client):
+    action_of = {}
+    for batch_size in (1, 2, 7, 32):
+        for _ in range(20):
+            batch = client.sample_batch("t", batch_size)
+            assert batch.info.key.dtype == np.uint64 and batch.info.key.shape == (batch_size,)
+            assert batch.info.times_sampled.dtype == np.int32
+            assert batch.data["obs"].shape == (batch_size, 3, 2)
+            _check(batch)
+            for key, action in zip(batch.info.key.tolist(), batch.data["action"].tolist()):
+                assert action_of.setdefault(key, action) == action  # info and data rows agree
+    assert len(set(action_of.values())) == len(action_of)
+
+
+def test_a_result_nobody_holds_is_reused(client):
+    for _ in range(50):
+        client.sample_batch("t", 4)
+    assert len(_pool(client, 4)) == 1
+
+
+@pytest.mark.parametrize("hold", ["batch", "info", "key", "data", "leaf", "row view",
+                                  "memoryview"])
+def test_whatever_part_the_caller_holds_never_changes(client, hold):
+    first = client.sample_batch("t", 8)
+    snapshot = _snapshot(first)
+    held = {"batch": lambda b: b, "info": lambda b: b.info, "key": lambda b: b.info.key,
+            "data": lambda b: b.data, "leaf": lambda b: b.data["obs"],
+            "row view": lambda b: b.data["obs"][3:5],
+            "memoryview": lambda b: memoryview(b.data["action"])}[hold](first)
+    kept = first if hold in ("batch",) else None
+    first = None
+    for _ in range(20):
+        batch = client.sample_batch("t", 8)
+        _check(batch)
+    if hold == "batch":
+        assert _unchanged(kept, snapshot)
+    elif hold == "info":
+        assert all((a == b).all() for a, b in zip(held, snapshot[0]))
+    elif hold == "key":
+        assert (held == snapshot[0][0]).all()
+    elif hold == "data":
+        assert all((held[k] == v).all() for k, v in snapshot[1].items())
+    elif hold == "leaf":
+        assert (held == snapshot[1]["obs"]).all()
+    elif hold == "row view":
+        assert (held == snapshot[1]["obs"][3:5]).all()
+    else:
+        assert (np.asarray(held) == snapshot[1]["action"]).all()
+
+
+def test_batches_kept_in_a_list_stay_intact_beyond_the_pool(client):
+    kept = [client.sample_batch("t", 4) for _ in range(3 * _batch_outputs.PER_SIZE)]
+    snapshots = [_snapshot(batch) for batch in kept]
+    for _ in range(10):
+        client.sample_batch("t", 4)
+    assert all(_unchanged(b, s) for b, s in zip(kept, snapshots))
+    assert len(_pool(client, 4)) <= _batch_outputs.PER_SIZE
+    ids = {id(batch.data["obs"]) for batch in kept}
+    assert len(ids) == len(kept)
+
+
+def test_the_returned_dict_is_the_callers_to_change(client):
+    batch = client.sample_batch("t", 2)
+    batch.data["extra"] = 1
+    del batch.data["obs"]
+    del batch
+    again = client.sample_batch("t", 2)
+    assert sorted(again.data) == ["action", "empty", "flag", "obs"]
+    _check(again)
+
+
+def test_large_batches_take_the_general_path(client):
+    engine = client._engine("t")
+    row = sum(np.dtype(s.dtype).itemsize * int(np.prod(s.shape)) for s in engine.column_specs)
+    big = _batch_outputs.REUSE_BELOW // row + 1
+    batch = client.sample_batch("t", big)
+    _check(batch)
+    assert engine._results._pools[big] is None
+
+
+def test_a_learner_loop_alternates_between_two_results(client):
+    batch = client.sample_batch("t", 16)
+    addresses = set()
+    for _ in range(30):
+        previous = batch
+        batch = client.sample_batch("t", 16)  # ``previous`` still held here
+        assert not np.shares_memory(batch.data["obs"], previous.data["obs"])
+        addresses.add(batch.data["obs"].ctypes.data)
+        _check(batch)
+    assert len(addresses) == 2
+
+
+def test_threads_sharing_a_client_never_get_each_others_rows(client):
+    failures = []
+    barrier = threading.Barrier(3, timeout=30)
+
+    def learner():
+        try:
+            barrier.wait()
+            for _ in range(300):
+                batch = client.sample_batch("t", 4)
+                snapshot = _snapshot(batch)
+                for _ in range(3):
+                    _check(client.sample_batch("t", 4))
+                if not _unchanged(batch, snapshot):
+                    failures.append("a held batch changed")
+        except Exception as exc:  # noqa: BLE001
+            failures.append(repr(exc))
+
+    threads = [threading.Thread(target=learner) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+
+
+def test_nested_items_are_rebuilt_for_every_result():
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 8,
+                            rate_limiters.MinSize(1))
+    with shmreplay.Server([table], name=_names.unique("results-nest")) as server:
+        with shmreplay.Client(server.name) as client:
+            for key in range(8):
+                client.insert({"obs": {"a": np.full(2, key, np.int32)},
+                               "pair": (np.int64(key), np.float32(key))}, {"t": 1.0})
+            first = client.sample_batch("t", 3)
+            inner = first.data["obs"]
+            values = inner["a"].copy()
+            first = None
+            gc.collect()
+            for _ in range(10):
+                batch = client.sample_batch("t", 3)
+                assert batch.data["obs"] is not inner
+                assert (batch.data["obs"]["a"][:, 0] == batch.data["pair"][0]).all()
+            assert (inner["a"] == values).all()
+
+
+def test_a_queue_with_fewer_items_returns_a_short_batch_and_deletes_them():
+    table = shmreplay.Table.queue("q", 8)
+    with shmreplay.Server([table], name=_names.unique("results-queue")) as server:
+        with shmreplay.Client(server.name) as client:
+            for key in range(3):
+                client.insert({"x": np.int64(key)}, {"q": 1.0})
+            batch = client.sample_batch("q", 5, timeout=1)
+            assert batch.data["x"].tolist() == [0, 1, 2]
+            assert batch.info.key.shape == (3,)
+            assert client.server_info()["q"].current_size == 0
+            client.insert({"x": np.int64(9)}, {"q": 1.0})
+            assert client.sample_batch("q", 1, timeout=1).data["x"].tolist() == [9]

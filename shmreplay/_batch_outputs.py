@@ -70,7 +70,7 @@ class BatchOutputs:
         for shape, dtype in shapes:
             starts.append(_align(end))
             end = starts[-1] + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        self.block = np.empty(end + ALIGN, np.uint8)
+        self.block = np.empty(_align(end) + ALIGN, np.uint8)  # (whole words for the kernel)
         first = -self.block.ctypes.data % ALIGN
         starts = [first + start for start in starts]
         views = [np.ndarray(shape, dtype, self.block, start)

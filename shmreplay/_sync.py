@@ -68,6 +68,7 @@ mutex_trylock = types.ExternalFunction("pthread_mutex_trylock", types.int32(type
 mutex_unlock = types.ExternalFunction("pthread_mutex_unlock", types.int32(types.voidptr))
 mutex_consistent = types.ExternalFunction("pthread_mutex_consistent", types.int32(types.voidptr))
 _getpid = types.ExternalFunction("getpid", types.int32())
+memcpy = types.ExternalFunction("memcpy", types.voidptr(types.voidptr, types.voidptr, types.intp))
 _raise_signal = types.ExternalFunction("raise", types.int32(types.int32))
 _SIGSTOP = 19  # x86_64 Linux
 

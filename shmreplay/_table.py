@@ -93,6 +93,7 @@ class TableEngine:
         self.columns = None      # the stores: per column (whole items) or per writer field
         self.column_specs = None
         self._results = None     # reusable small-batch results (whole items only)
+        self.whole_items = False  # True once mapped whole-item storage: the fused kernels
         self.treedef = None
         self.paths = None
         self.signature = None
@@ -280,6 +281,7 @@ class TableEngine:
             stores = [(start, column[0].nbytes if len(column) else 0)
                       for start, column in zip(plan.stores, self.columns)]
             self._flat_keys = _flat_access(self.treedef)
+            self.whole_items = True
             self._results = _batch_outputs.ResultPool(self.column_specs, stores,
                                                       self._unflatten)
 
@@ -638,10 +640,13 @@ class TableEngine:
             if outputs is not None:
                 try:
                     # One native call draws, copies and re-checks the batch.
-                    if kernels.sample_gather(self._header_bytes, self._table_offsets,
-                                             batch_size, _PID[0], self._data_bytes,
-                                             outputs.block, outputs.layout) == batch_size:
+                    status = kernels.sample_gather(self._header_bytes, self._table_offsets,
+                                                   batch_size, _PID[0], self._data_bytes,
+                                                   outputs.block, outputs.layout)
+                    if status == batch_size:
                         return outputs.result(batch_size)
+                    if status != codes.UNFINISHED:
+                        self._raise_status(status)
                     return self._finish_into(outputs, batch_size, timeout)
                 finally:
                     results.release(outputs)
@@ -827,6 +832,16 @@ class TableEngine:
         if status < 0:
             self._raise_status(status)
         return status, int(io[0])
+
+    def update_whole(self, keys, priorities) -> int:
+        """``update`` in one native call, for mapped whole-item tables (``whole_items``):
+        uint64 ``keys``, float64 ``priorities`` checked by the kernel. Returns the number
+        updated, or ``codes.INVALID_PRIORITY`` (nothing changed)."""
+        status = kernels.update_whole(self._header_bytes, self._table_offsets, keys, priorities,
+                                      self.max_priority, np.empty((2, keys.shape[0]), np.int64))
+        if status < 0 and status != codes.INVALID_PRIORITY:
+            self._raise_status(status)
+        return status
 
     def update(self, keys, priorities) -> int:
         """Sets priorities by key (the learner's path); returns how many keys were live."""

@@ -16,6 +16,7 @@ from shmreplay.replay_sample import ReplaySample, SampleInfo
 from shmreplay.table import validate_name
 
 _PY_SCALARS = (bool, int, float)
+_UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
 
 
 class Client:
@@ -309,6 +310,14 @@ class Client:
           How many keys were found and updated (evicted items are ignored).
         """
         engine = self._engine(table)
+        if (type(keys) is np.ndarray and keys.dtype is _UINT64 and keys.ndim == 1
+                and type(priorities) is np.ndarray and priorities.dtype is _FLOAT64
+                and priorities.shape == keys.shape and engine.whole_items):
+            updated = engine.update_whole(keys, priorities)
+            if updated >= 0:
+                return updated
+            # A priority the kernel refused (nothing changed): say which, and why.
+            _check_priorities(engine, priorities, keys.size)
         if type(keys) is not np.ndarray or keys.dtype != np.uint64 or keys.ndim != 1:
             keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
         if (type(priorities) is np.ndarray and priorities.dtype == np.float64

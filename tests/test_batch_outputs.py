@@ -209,3 +209,15 @@ def test_a_queue_with_fewer_items_returns_a_short_batch_and_deletes_them():
             assert client.server_info()["q"].current_size == 0
             client.insert({"x": np.int64(9)}, {"q": 1.0})
             assert client.sample_batch("q", 1, timeout=1).data["x"].tolist() == [9]
+
+
+def test_a_layout_past_its_block_is_refused_before_anything_is_drawn(client):
+    # The kernel copies with raw addresses, so it checks the layout's bounds first.
+    results = client._engine("t")._results
+    outputs = results.claim(4)
+    outputs.layout[-1] = outputs.block.size  # a row size no block of 4 rows can hold
+    results.release(outputs)
+    sampled = client.server_info()["t"].num_sampled
+    with pytest.raises(shmreplay.errors.BufferBrokenError, match="corrupt"):
+        client.sample_batch("t", 4)
+    assert client.server_info()["t"].num_sampled == sampled

@@ -274,6 +274,11 @@ class TableEngine:
         self.refs, self.rows = L.step_views(segment.buf, plan, self.capacity)
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.columns = L.store_views(segment.buf, plan, storage.store_specs)
+        # For the fast input checks: numpy's own dtype objects, so that ``is`` compares
+        # them (an unpickled dtype is an equal but different object).
+        self._fast_specs = [(tuple(spec.shape), np.dtype(np.dtype(spec.dtype).str))
+                            for spec in self.column_specs]
+        self._batch_shapes = {}  # batch size -> each column's full shape
         if not storage.steps:
             # What ``kernels.sample_gather`` copies rows from: the segment's bytes, and
             # each store's (start, row size) in them.
@@ -295,20 +300,19 @@ class TableEngine:
         leaves = self._flat_leaves(data)
         if leaves is None or self.storage.steps:
             return None
-        for leaf, spec in zip(leaves, self.column_specs):
+        for leaf, (shape, dtype) in zip(leaves, self._fast_specs):
             kind = type(leaf)
             if kind is np.ndarray:
-                if leaf.shape != spec.shape or (leaf.dtype is not spec.dtype
-                                                and leaf.dtype != spec.dtype):
+                if leaf.dtype is not dtype or leaf.shape != shape:
                     return None
             elif kind is float:
-                if spec.dtype.kind != "f":
+                if dtype.kind != "f":
                     return None
             elif kind is int:
-                if spec.dtype.kind not in "iuf":
+                if dtype.kind not in "iuf":
                     return None
             elif isinstance(leaf, np.generic):
-                if spec.shape != () or leaf.dtype != spec.dtype:
+                if shape != () or leaf.dtype is not dtype:
                     return None
             else:
                 return None
@@ -319,18 +323,19 @@ class TableEngine:
         leaves = self._flat_leaves(data)
         if leaves is None or self.storage.steps:
             return None
-        count = -1
-        for leaf, spec in zip(leaves, self.column_specs):
-            if type(leaf) is not np.ndarray:
+        first = leaves[0] if leaves else None
+        if type(first) is not np.ndarray or first.ndim == 0:
+            return None
+        count = first.shape[0]
+        shapes = self._batch_shapes.get(count)
+        if shapes is None:
+            if len(self._batch_shapes) > 64:
+                self._batch_shapes.clear()
+            shapes = self._batch_shapes[count] = [(count,) + shape
+                                                  for shape, _ in self._fast_specs]
+        for leaf, shape, (_, dtype) in zip(leaves, shapes, self._fast_specs):
+            if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != shape:
                 return None
-            shape = leaf.shape
-            if (shape[1:] != spec.shape or len(shape) != len(spec.shape) + 1
-                    or (leaf.dtype is not spec.dtype and leaf.dtype != spec.dtype)):
-                return None
-            if count != shape[0]:
-                if count >= 0:
-                    return None
-                count = shape[0]
         return (leaves, count) if count > 0 else None
 
     def _flat_leaves(self, data):

@@ -8,6 +8,7 @@ copy rows without the lock, re-check slot versions.
 """
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -287,8 +288,8 @@ class TableEngine:
                       for start, column in zip(plan.stores, self.columns)]
             self._flat_keys = _flat_access(self.treedef)
             self.whole_items = True
-            self._results = _batch_outputs.ResultPool(self.column_specs, stores,
-                                                      self._unflatten)
+            self._results = _batch_outputs.ResultPool(
+                self.column_specs, stores, _unflattener(self._flat_keys, self.treedef))
 
     def fast_leaves(self, data):
         """The leaves of ``data`` if they match the columns exactly, else None.
@@ -945,6 +946,8 @@ class TableEngine:
     def detach(self):
         """Drops this process's views (the segments stay for other processes)."""
         self.columns = None
+        self.whole_items = False
+        self._results = self._data_bytes = None  # (views of the data segment)
         if self.data_segment is not None:
             self.data_segment.close()
             self.data_segment = None
@@ -973,6 +976,14 @@ def _max_priority(config, capacity) -> float:
             if log_bound < math.log(largest):
                 largest = math.exp(log_bound)
     return largest
+
+
+def _unflattener(flat_keys, treedef):
+    """``leaves -> nest``, as ``TableEngine._unflatten`` (without holding the engine:
+    the results that keep it would make a reference cycle)."""
+    if flat_keys:
+        return lambda leaves: dict(zip(flat_keys, leaves))
+    return functools.partial(specs.optree.tree_unflatten, treedef)
 
 
 def _flat_access(treedef):

@@ -221,3 +221,26 @@ def test_a_layout_past_its_block_is_refused_before_anything_is_drawn(client):
     with pytest.raises(shmreplay.errors.BufferBrokenError, match="corrupt"):
         client.sample_batch("t", 4)
     assert client.server_info()["t"].num_sampled == sampled
+
+
+def _mappings_of(name):
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if line.rstrip().endswith("/" + name))
+
+
+def test_a_closed_client_unmaps_the_data_it_sampled_from():
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 8,
+                            rate_limiters.MinSize(1))
+    with shmreplay.Server([table], name=_names.unique("results-close")) as server:
+        segment = f"shmreplay.{server.name}.t0"
+        with shmreplay.Client(server.name) as writer:
+            writer.insert({"x": np.float32(1.0)}, {"t": 1.0})
+        gc.collect()
+        before = _mappings_of(segment)
+        client = shmreplay.Client(server.name)
+        client.sample_batch("t", 4)
+        client.update_priorities("t", client.sample_batch("t", 2).info.key, np.ones(2))
+        assert _mappings_of(segment) == before + 1
+        client.close()
+        del client  # no reference cycle keeps it: no gc.collect() needed
+        assert _mappings_of(segment) == before

@@ -18,7 +18,7 @@ import cloudpickle
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _batch_outputs, _outputs, _segment, _storage, _sync, errors, specs
+from shmreplay import _batch_outputs, _outputs, _segment, _staging, _storage, _sync, errors, specs
 from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
@@ -95,6 +95,7 @@ class TableEngine:
         self.column_specs = None
         self._results = None     # reusable small-batch results (whole items only)
         self.whole_items = False  # True once mapped whole-item storage: the fused kernels
+        self._stagings = None
         self.treedef = None
         self.paths = None
         self.signature = None
@@ -290,6 +291,10 @@ class TableEngine:
             self.whole_items = True
             self._results = _batch_outputs.ResultPool(
                 self.column_specs, stores, _unflattener(self._flat_keys, self.treedef))
+            # Staging rows for single inserts, one per thread inserting at once (None:
+            # items too large to copy under the lock).
+            self._stores = stores
+            self._stagings = [] if _staging.Staging.fits(self.column_specs) else None
 
     def fast_leaves(self, data):
         """The leaves of ``data`` if they match the columns exactly, else None.
@@ -311,6 +316,9 @@ class TableEngine:
                     return None
             elif kind is int:
                 if dtype.kind not in "iuf":
+                    return None
+            elif kind is bool:
+                if dtype.kind != "b":
                     return None
             elif isinstance(leaf, np.generic):
                 if shape != () or leaf.dtype is not dtype:
@@ -480,7 +488,29 @@ class TableEngine:
                 next_reclaim = time.monotonic() + _RECLAIM_EVERY
 
     def insert_one(self, leaves, priority: float, timeout):
-        """Inserts one validated item: reserve, copy without the lock, commit. Returns its key."""
+        """Inserts one validated item; returns its key.
+
+        A small item goes through a staging block and one native call (one lock hold);
+        otherwise, or when that call is blocked: reserve, copy without the lock, commit.
+        """
+        stagings = self._stagings
+        if stagings is not None:
+            try:
+                staging = stagings.pop()  # atomic: this thread's alone until appended
+            except IndexError:
+                staging = _staging.Staging(self.column_specs, self._stores)
+            try:
+                for row, leaf in zip(staging.rows, leaves):
+                    row[0] = leaf
+                key = kernels.insert_staged(self._header_bytes, self._table_offsets,
+                                            self._data_bytes, staging.block, staging.layout,
+                                            priority, _PID[0], _SCRATCH_PROB)
+            finally:
+                stagings.append(staging)
+            if key > 0:
+                return key
+            if key != codes.BLOCKED:
+                self._raise_status(key)
         slot = kernels.reserve_one(*self.arrays, os.getpid())
         if slot < 0:
             if slot != codes.BLOCKED:
@@ -947,7 +977,7 @@ class TableEngine:
         """Drops this process's views (the segments stay for other processes)."""
         self.columns = None
         self.whole_items = False
-        self._results = self._data_bytes = None  # (views of the data segment)
+        self._results = self._data_bytes = self._stagings = None  # (data segment views)
         if self.data_segment is not None:
             self.data_segment.close()
             self.data_segment = None

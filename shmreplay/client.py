@@ -238,9 +238,11 @@ class Client:
           TableNotFoundError: unknown table.
           DeadlineExceededError: nothing could be sampled within ``timeout``.
         """
-        if int(batch_size) != batch_size or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-        return self._engine(table).sample(int(batch_size), timeout)
+        if type(batch_size) is not int or batch_size < 1:
+            if int(batch_size) != batch_size or batch_size < 1:
+                raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+            batch_size = int(batch_size)
+        return self._engine(table).sample(batch_size, timeout)
 
     def sample(self, table: str, num_samples: int = 1, emit_timesteps: bool = True,
                timeout: Optional[float] = None, unpack_as_table_signature: bool = False

@@ -244,3 +244,8 @@ def test_a_closed_client_unmaps_the_data_it_sampled_from():
         client.close()
         del client  # no reference cycle keeps it: no gc.collect() needed
         assert _mappings_of(segment) == before
+
+
+def test_a_whole_number_batch_size_of_another_type_is_accepted(client):
+    assert client.sample_batch("t", np.int64(3)).data["obs"].shape == (3, 3, 2)
+    assert client.sample_batch("t", 2.0).data["obs"].shape == (2, 3, 2)

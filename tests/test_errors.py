@@ -286,8 +286,9 @@ def test_timeout_and_oversized_batches_leave_the_table_unchanged(populated):
         # a batch the queue's limiter can never admit is refused at once
         with pytest.raises(ValueError, match=all_of("'q'", "4", "(?i)split")):
             client.insert_batch(batch(4), priorities={"q": 1.0}, timeout=0.1)
-        with pytest.raises(ValueError, match=all_of("batch_size", "0")):
-            client.sample_batch("sig", batch_size=0, timeout=1)
+        for bad in (0, -3, 1.5, 0.0):
+            with pytest.raises(ValueError, match=all_of("batch_size", str(bad))):
+                client.sample_batch("sig", batch_size=bad, timeout=1)
     got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1)]
     assert got == [9, 1, 2]
     assert_sig_contents(client)

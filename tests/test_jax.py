@@ -176,3 +176,17 @@ def test_attach_by_name():
         with BatchIterator(client.server_address, "p", 5, max_batches=1) as batches:
             rows = np.asarray(next(batches).data["i"]).tolist()
         assert len(rows) == 5 and set(rows) <= set(range(5))
+
+
+def test_batches_kept_by_the_learner_stay_intact():
+    # Small batches come from reused results; a batch the learner holds (as jax arrays,
+    # which may alias host memory) must never be refilled by a later one.
+    with serve(prioritized()) as client:
+        fill(client, "p", 200)
+        with BatchIterator(client, "p", 4, max_batches=40, prefetch=3) as batches:
+            kept = list(batches)
+        assert len(kept) == 40
+        for batch in kept:
+            x, i = np.asarray(batch.data["x"]), np.asarray(batch.data["i"])
+            assert np.array_equal(x, np.repeat(i[:, None].astype(np.float32), 3, axis=1))
+        assert len({tuple(np.asarray(b.data["i"]).tolist()) for b in kept}) > 20

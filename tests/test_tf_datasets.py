@@ -257,13 +257,15 @@ def test_make_dataset_parallel_workers_and_max_batches():
         assert client.server_info()["u"].num_sampled == 5 * 8
 
 
-def test_make_dataset_batches_kept_by_the_learner_stay_intact():
-    """Large batches reach TensorFlow without a copy, in recycled memory: a batch the
-    learner still holds must not be reused for a later one."""
-    rows = 96  # 96 x 4 KiB of obs: above the size that is gathered into recycled memory
+@pytest.mark.parametrize("rows, width", [(96, 1024), (8, 16)])
+def test_make_dataset_batches_kept_by_the_learner_stay_intact(rows, width):
+    """Batches reach TensorFlow in reused memory (large ones from ``_outputs``, small
+    ones as reused results from ``_batch_outputs``): a batch the learner still holds
+    must not be reused for a later one. 96 x 4 KiB of obs is above the pooling size;
+    8 x 64 bytes is a small batch."""
     with serve(uniform(max_size=4 * rows)) as (name, client):
         ids = np.arange(4 * rows)
-        client.insert_batch({"id": ids, "obs": np.repeat(ids[:, None], 1024, 1).astype(np.int32)},
+        client.insert_batch({"id": ids, "obs": np.repeat(ids[:, None], width, 1).astype(np.int32)},
                             {"u": 1.0}, timeout=5)
         dataset = shmreplay_tf.make_dataset(name, "u", batch_size=rows, num_parallel_calls=2,
                                             max_batches=30)
@@ -272,7 +274,7 @@ def test_make_dataset_batches_kept_by_the_learner_stay_intact():
             kept = (kept + [batch])[-4:]
             for old in kept:
                 np.testing.assert_array_equal(old.data["obs"].numpy(),
-                                              np.repeat(old.data["id"].numpy()[:, None], 1024, 1))
+                                              np.repeat(old.data["id"].numpy()[:, None], width, 1))
 
 
 def test_make_dataset_acme_style_options():

@@ -72,6 +72,16 @@ def _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows):
 
 
 @kernel
+def _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows):
+    """``_lock_items``, then ``CLOSED`` (unlocked) if the buffer was stopped."""
+    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status == 0 and ctrl[C_CLOSED] != 0:
+        _unlock(ctrl)
+        return codes.CLOSED
+    return status
+
+
+@kernel
 def _unlock(ctrl):
     _sync.mutex_unlock(ctrl.ctypes.data)
 
@@ -190,18 +200,25 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
 @kernel
 def reserve_one(ctrl, fctrl, meta, prio, trees, refs, rows, pid):
     """``reserve`` of one slot without waiting: the slot, or BLOCKED (the insert fast path)."""
-    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    status = _enter_insert_one(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    if ctrl[C_CLOSED] != 0:
-        _unlock(ctrl)
-        return codes.CLOSED
-    if not items.can_insert(ctrl, fctrl, 1) or items.free_count(ctrl) < 1:
-        _unlock(ctrl)
-        return codes.BLOCKED
     slot = _reserve_one_locked(ctrl, meta, pid)
     _unlock(ctrl)
     return slot
+
+
+@kernel
+def _enter_insert_one(ctrl, fctrl, meta, prio, trees, refs, rows):
+    """Locks for one insert that does not wait: 0 with the lock held; else unlocked and
+    CLOSED, BLOCKED (nobody registered as a waiter) or the lock's status."""
+    status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if status != 0:
+        return status
+    if not items.can_insert(ctrl, fctrl, 1) or items.free_count(ctrl) < 1:
+        _unlock(ctrl)
+        return codes.BLOCKED
+    return 0
 
 
 @kernel
@@ -327,22 +344,11 @@ def insert_staged(segment, table, data, staging, layout, priority, pid, io):
     if ``layout`` does not fit the arrays; or another status.
     """
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
-    capacity = table[TABLE_CAPACITY]
-    for c in range(0, layout.shape[0], 3):
-        # The copies below use raw addresses (memcpy): check their bounds first.
-        source, start, size = layout[c], layout[c + 1], layout[c + 2]
-        if (min(source, start, size) < 0 or source + size > staging.shape[0]
-                or start + capacity * size > data.shape[0]):
-            return BROKEN
-    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if not _copies_fit(layout, 0, 1, staging, data, table[TABLE_CAPACITY]):
+        return BROKEN
+    status = _enter_insert_one(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    if ctrl[C_CLOSED] != 0:
-        _unlock(ctrl)
-        return codes.CLOSED
-    if not items.can_insert(ctrl, fctrl, 1) or items.free_count(ctrl) < 1:
-        _unlock(ctrl)
-        return codes.BLOCKED
     slot = _reserve_one_locked(ctrl, meta, pid)
     data_base = data.ctypes.data
     staging_base = staging.ctypes.data
@@ -551,6 +557,20 @@ def _table_arrays(segment, table):
 
 
 @kernel
+def _copies_fit(layout, first, count, buffer, data, capacity):
+    """Whether the row copies that ``layout[first:]`` describes stay inside their arrays:
+    per column, ``count`` rows at a start in ``buffer``, a store of ``capacity`` rows at
+    a start in ``data``, and the row's bytes. Kernels that copy with raw addresses
+    (memcpy) check this before anything else."""
+    for c in range(first, layout.shape[0], 3):
+        at, start, size = layout[c], layout[c + 1], layout[c + 2]
+        if (min(at, start, size) < 0 or at + count * size > buffer.shape[0]
+                or start + capacity * size > data.shape[0]):
+            return False
+    return True
+
+
+@kernel
 def sample_gather(segment, table, batch, pid, data, out, layout):
     """``sample`` of whole items, their rows copied and re-checked, in one native call.
 
@@ -569,13 +589,8 @@ def sample_gather(segment, table, batch, pid, data, out, layout):
     be torn (listed in the torn rows); the caller finishes the general way.
     """
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
-    capacity = table[TABLE_CAPACITY]
-    for c in range(LAYOUT_COLUMNS, layout.shape[0], 3):
-        # The copies below use raw addresses (memcpy): check their bounds once, here.
-        into, start, size = layout[c], layout[c + 1], layout[c + 2]
-        if (min(into, start, size) < 0 or into + batch * size > out.shape[0]
-                or start + capacity * size > data.shape[0]):
-            return BROKEN
+    if not _copies_fit(layout, LAYOUT_COLUMNS, batch, out, data, table[TABLE_CAPACITY]):
+        return BROKEN
     out_i = out[layout[LAYOUT_OUT_I]:layout[LAYOUT_OUT_I] + OUT_INT_ROWS * batch * 8].view(
         np.int64).reshape((OUT_INT_ROWS, batch))
     out_f = out[layout[LAYOUT_OUT_F]:layout[LAYOUT_OUT_F] + OUT_FLOAT_ROWS * batch * 8].view(
@@ -641,12 +656,9 @@ def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys,
     ``scratch`` is int64 ``[2, len(update_keys)]``. When a key appears twice, the last
     priority wins.
     """
-    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    if ctrl[C_CLOSED] != 0:
-        _unlock(ctrl)
-        return codes.CLOSED
     deleted = 0
     for i in range(delete_keys.shape[0]):
         slot = items.lookup(ctrl, meta, delete_keys[i])
@@ -654,17 +666,8 @@ def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys,
             items.remove(ctrl, meta, prio, trees, refs, rows, slot, True)
             deleted += 1
     _stop_point(ctrl, codes.STOP_MUTATE_HALF)
-    updated = 0
-    slots = scratch[0]
-    for i in range(update_keys.shape[0]):
-        slot = items.lookup(ctrl, meta, update_keys[i])
-        if slot >= 0:
-            slots[updated] = slot
-            scratch[1, updated] = i
-            updated += 1
-    _apply_updates(ctrl, fctrl, meta, prio, trees, slots, updated, update_priorities,
-                   scratch[1])
-    io[0] = updated
+    io[0] = _update_by_keys(ctrl, fctrl, meta, prio, trees, update_keys, update_priorities,
+                            scratch)
     if deleted:
         _bump(ctrl, C_SPACE_SEQ)
     _unlock_and_wake(ctrl, False, deleted > 0)
@@ -686,22 +689,27 @@ def update_whole(segment, table, keys, priorities, largest, scratch):
         scratch[0, 0] = bad
         return codes.INVALID_PRIORITY
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
-    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    if ctrl[C_CLOSED] != 0:
-        _unlock(ctrl)
-        return codes.CLOSED
+    updated = _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch)
+    _unlock(ctrl)
+    return updated
+
+
+@kernel
+def _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch):
+    """Sets the priorities of the live items among ``keys`` (int64 or uint64), with the
+    lock held; returns how many were live. ``scratch``: int64 ``[2, len(keys)]``."""
     updated = 0
     slots = scratch[0]
     for i in range(keys.shape[0]):
-        slot = items.lookup(ctrl, meta, np.int64(keys[i]))  # (the same 64 bits)
+        slot = items.lookup(ctrl, meta, np.int64(keys[i]))  # (uint64: the same 64 bits)
         if slot >= 0:
             slots[updated] = slot
             scratch[1, updated] = i
             updated += 1
     _apply_updates(ctrl, fctrl, meta, prio, trees, slots, updated, priorities, scratch[1])
-    _unlock(ctrl)
     return updated
 
 

@@ -92,7 +92,9 @@ class BatchOutputs:
         # other nests are rebuilt by ``unflatten``.
         self._unflatten = unflatten
         nest = unflatten(self.leaves)
-        self._flat = nest if type(nest) is dict and list(nest.values()) == self.leaves else None
+        flat = (type(nest) is dict and len(nest) == len(self.leaves)
+                and all(value is leaf for value, leaf in zip(nest.values(), self.leaves)))
+        self._flat = nest if flat else None
         self._idle = self._counts()
 
     def gather_from(self, columns):

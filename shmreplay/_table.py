@@ -81,7 +81,8 @@ class TableEngine:
         self.max_priority = _max_priority(config, self.capacity)
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
-        # For kernels.sample_gather: the segment's bytes and where this table is in them.
+        # For the one-call kernels (sample_gather, update_whole, insert_staged): the
+        # segment's bytes and where this table is in them.
         self._header_bytes = np.frombuffer(buf, np.uint8)
         self._table_offsets = L.table_offsets(region)
         self._table_arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
@@ -282,8 +283,8 @@ class TableEngine:
                             for spec in self.column_specs]
         self._batch_shapes = {}  # batch size -> each column's full shape
         if not storage.steps:
-            # What ``kernels.sample_gather`` copies rows from: the segment's bytes, and
-            # each store's (start, row size) in them.
+            # Where the one-call kernels copy rows from and to: the segment's bytes, and
+            # each store's (start, row bytes) in them.
             self._data_bytes = np.frombuffer(segment.buf, np.uint8)
             stores = [(start, column[0].nbytes if len(column) else 0)
                       for start, column in zip(plan.stores, self.columns)]

@@ -249,3 +249,18 @@ def test_a_closed_client_unmaps_the_data_it_sampled_from():
 def test_a_whole_number_batch_size_of_another_type_is_accepted(client):
     assert client.sample_batch("t", np.int64(3)).data["obs"].shape == (3, 3, 2)
     assert client.sample_batch("t", 2.0).data["obs"].shape == (2, 3, 2)
+
+
+def test_a_nest_with_as_many_entries_as_leaves_is_not_taken_for_a_flat_dict():
+    # {"a": {"b": x}, "c": y} has two top-level entries and two leaves: its values are
+    # not its leaves, and telling so must not compare arrays with dicts.
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 8,
+                            rate_limiters.MinSize(1))
+    with shmreplay.Server([table], name=_names.unique("results-nest2")) as server:
+        with shmreplay.Client(server.name) as client:
+            for key in range(8):
+                client.insert({"a": {"b": np.full(3, key, np.int32)}, "c": np.full(3, key)},
+                              {"t": 1.0})
+            for _ in range(3):
+                batch = client.sample_batch("t", 4)
+                assert (batch.data["a"]["b"] == batch.data["c"]).all()

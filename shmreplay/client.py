@@ -232,7 +232,9 @@ class Client:
           ``ReplaySample(info, data)``: ``info`` fields are arrays ``[B]`` (key uint64,
           probability float64, table_size int64, priority float64, times_sampled
           int32); ``data`` is the item nest with arrays ``[B, ...]``. For prioritized
-          replay, ``info.importance_weights(beta)`` gives the IS weights.
+          replay, ``info.importance_weights(beta)`` gives the IS weights. The arrays
+          stay valid while anything refers to any part of them (views included); a
+          batch nobody refers to any more has its memory reused by a later call.
 
         Raises:
           TableNotFoundError: unknown table.

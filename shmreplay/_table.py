@@ -282,16 +282,18 @@ class TableEngine:
         self._fast_specs = [(tuple(spec.shape), np.dtype(np.dtype(spec.dtype).str))
                             for spec in self.column_specs]
         self._batch_shapes = {}  # batch size -> each column's full shape
+        self._flat_keys = _flat_access(self.treedef)
+        # ``leaves -> nest`` (a plain function: reused results keep it, not the engine)
+        self._unflatten = _unflattener(self._flat_keys, self.treedef)
         if not storage.steps:
             # Where the one-call kernels copy rows from and to: the segment's bytes, and
             # each store's (start, row bytes) in them.
             self._data_bytes = np.frombuffer(segment.buf, np.uint8)
             stores = [(start, column[0].nbytes if len(column) else 0)
                       for start, column in zip(plan.stores, self.columns)]
-            self._flat_keys = _flat_access(self.treedef)
             self.whole_items = True
-            self._results = _batch_outputs.ResultPool(
-                self.column_specs, stores, _unflattener(self._flat_keys, self.treedef))
+            self._results = _batch_outputs.ResultPool(self.column_specs, stores,
+                                                      self._unflatten)
             # Staging rows for single inserts, one per thread inserting at once (None:
             # items too large to copy under the lock).
             self._stores = stores
@@ -817,12 +819,6 @@ class TableEngine:
                 return count, drained
         return count, drained
 
-    def _unflatten(self, leaves):
-        keys = self._flat_keys
-        if keys and keys is not _UNSET:  # a flat dict: skip optree
-            return dict(zip(keys, leaves))
-        return specs.optree.tree_unflatten(self.treedef, leaves)
-
     def _redraw_torn_rows(self, out_i, out_f, out_gens, data, torn_rows):
         """Seqlock repair: redraws each row in ``torn_rows`` (its data was overwritten
         while we copied it) until a redrawn item's copy checks clean.
@@ -1010,8 +1006,8 @@ def _max_priority(config, capacity) -> float:
 
 
 def _unflattener(flat_keys, treedef):
-    """``leaves -> nest``, as ``TableEngine._unflatten`` (without holding the engine:
-    the results that keep it would make a reference cycle)."""
+    """``leaves -> nest`` for a table's columns: a dict built directly for a flat dict
+    nest (``flat_keys``), optree otherwise."""
     if flat_keys:
         return lambda leaves: dict(zip(flat_keys, leaves))
     return functools.partial(specs.optree.tree_unflatten, treedef)

@@ -5,6 +5,7 @@ each part in turn and check that what they hold never changes, and that a result
 nobody holds is reused.
 """
 
+import contextlib
 import gc
 import threading
 
@@ -42,6 +43,18 @@ def client():
             client.insert(_item(key), {"t": 1.0})
         yield client
         client.close()
+
+
+@contextlib.contextmanager
+def _small_table(tag, items):
+    """A buffer with one uniform table of 8 slots holding ``items``, and a client."""
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 8,
+                            rate_limiters.MinSize(1))
+    with shmreplay.Server([table], name=_names.unique(tag)) as server:
+        with shmreplay.Client(server.name) as client:
+            for item in items:
+                client.insert(item, {"t": 1.0})
+            yield client
 
 
 def _pool(client, batch_size):
@@ -178,23 +191,19 @@ def test_threads_sharing_a_client_never_get_each_others_rows(client):
 
 
 def test_nested_items_are_rebuilt_for_every_result():
-    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 8,
-                            rate_limiters.MinSize(1))
-    with shmreplay.Server([table], name=_names.unique("results-nest")) as server:
-        with shmreplay.Client(server.name) as client:
-            for key in range(8):
-                client.insert({"obs": {"a": np.full(2, key, np.int32)},
-                               "pair": (np.int64(key), np.float32(key))}, {"t": 1.0})
-            first = client.sample_batch("t", 3)
-            inner = first.data["obs"]
-            values = inner["a"].copy()
-            first = None
-            gc.collect()
-            for _ in range(10):
-                batch = client.sample_batch("t", 3)
-                assert batch.data["obs"] is not inner
-                assert (batch.data["obs"]["a"][:, 0] == batch.data["pair"][0]).all()
-            assert (inner["a"] == values).all()
+    items = [{"obs": {"a": np.full(2, key, np.int32)}, "pair": (np.int64(key), np.float32(key))}
+             for key in range(8)]
+    with _small_table("results-nest", items) as client:
+        first = client.sample_batch("t", 3)
+        inner = first.data["obs"]
+        values = inner["a"].copy()
+        first = None
+        gc.collect()
+        for _ in range(10):
+            batch = client.sample_batch("t", 3)
+            assert batch.data["obs"] is not inner
+            assert (batch.data["obs"]["a"][:, 0] == batch.data["pair"][0]).all()
+        assert (inner["a"] == values).all()
 
 
 def test_a_queue_with_fewer_items_returns_a_short_batch_and_deletes_them():
@@ -254,13 +263,8 @@ def test_a_whole_number_batch_size_of_another_type_is_accepted(client):
 def test_a_nest_with_as_many_entries_as_leaves_is_not_taken_for_a_flat_dict():
     # {"a": {"b": x}, "c": y} has two top-level entries and two leaves: its values are
     # not its leaves, and telling so must not compare arrays with dicts.
-    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 8,
-                            rate_limiters.MinSize(1))
-    with shmreplay.Server([table], name=_names.unique("results-nest2")) as server:
-        with shmreplay.Client(server.name) as client:
-            for key in range(8):
-                client.insert({"a": {"b": np.full(3, key, np.int32)}, "c": np.full(3, key)},
-                              {"t": 1.0})
-            for _ in range(3):
-                batch = client.sample_batch("t", 4)
-                assert (batch.data["a"]["b"] == batch.data["c"]).all()
+    items = [{"a": {"b": np.full(3, key, np.int32)}, "c": np.full(3, key)} for key in range(8)]
+    with _small_table("results-nest2", items) as client:
+        for _ in range(3):
+            batch = client.sample_batch("t", 4)
+            assert (batch.data["a"]["b"] == batch.data["c"]).all()

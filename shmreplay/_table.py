@@ -531,19 +531,40 @@ class TableEngine:
         return key
 
     def insert_many(self, leaves, priorities, count: int, timeout):
-        """Inserts a validated batch into this table; returns the keys (uint64 [B])."""
-        slots = np.empty(count, np.int64)
-        status = kernels.reserve(*self.arrays, count, os.getpid(), 0, 0, slots, _SCRATCH_IO)
+        """Inserts a validated batch into this whole-item table; returns the keys (uint64
+        [B]), or None if a priority is invalid (checked natively; nothing changed).
+
+        Two native calls around the copy (reserve, then commit), which runs without the
+        lock: one slice per column when the slots are one run, as they usually are.
+        """
+        work = np.empty(5 * count + 1, np.int64)  # slots, run start, commit's scratch
+        status = kernels.reserve_whole(self._header_bytes, self._table_offsets, count,
+                                       priorities, self.max_priority, _PID[0], work,
+                                       _SCRATCH_IO)
+        if status == codes.INVALID_PRIORITY:
+            return None
         if status < 0:
             if status != codes.BLOCKED:
                 self._raise_status(status)
-            slots = self.reserve(count, timeout)
+            work[:count] = self.reserve(count, timeout)
+            work[count] = work[0] if kernels.ascending_run(work[:count]) else -1
+        first = int(work[count])
         try:
-            self.write(slots, leaves, True)
+            if first >= 0:
+                rows = slice(first, first + count)
+                for column, leaf in zip(self.columns, leaves):
+                    column[rows] = leaf
+            else:
+                self.write(work[:count], leaves, True)
         except BaseException:
-            self.cancel(slots)
+            self.cancel(work[:count])
             raise
-        return self.commit(slots, priorities)
+        keys = np.empty(count, np.uint64)
+        status = kernels.commit_whole(self._header_bytes, self._table_offsets, work, count,
+                                      priorities, keys, _SCRATCH_PROB)
+        if status < 0:
+            self._raise_status(status)
+        return keys
 
     def reserve(self, n: int, timeout):
         """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots)."""

@@ -133,13 +133,19 @@ class Client:
             fast = engine.fast_batch_leaves(data)
             if fast is not None:
                 leaves, count = fast
-                if type(priority) is float and 0.0 <= priority <= engine.max_priority:
+                if type(priority) is float:
                     prios = np.empty(count)
                     prios.fill(priority)
+                elif (type(priority) is np.ndarray and priority.dtype is _FLOAT64
+                      and priority.shape == (count,)):
+                    prios = priority
                 else:
                     prios = _check_priorities(engine, priority, count)
                 _check_batch_fits(engine, count)
-                return {table: engine.insert_many(leaves, prios, count, timeout)}
+                keys = engine.insert_many(leaves, prios, count, timeout)  # checks prios
+                if keys is not None:
+                    return {table: keys}
+                _check_priorities(engine, prios, count)  # refused: say which, and why
         return self._insert(data, priorities, timeout, batched=True)
 
     def _insert(self, data, priorities, timeout, batched):

@@ -8,6 +8,7 @@ import pytest
 
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
+from shmreplay import _layout as L
 
 
 def _table(name="t", **kwargs):
@@ -106,6 +107,29 @@ def test_importance_weights_match_the_formula(buffer_name):
         np.testing.assert_allclose(sample.info.importance_weights(0.5), raw / raw.max(), rtol=1e-6)
         np.testing.assert_allclose(sample.info.importance_weights(0.5, normalize=False), raw, rtol=1e-6)
         assert sample.info.importance_weights(0.5).dtype == np.float32
+        client.close()
+
+
+def test_insert_batch_into_scattered_free_slots_keeps_each_item_whole(buffer_name):
+    # Deletes in a scrambled order leave free slots that are not one run: the batch is
+    # copied row by row, not as one slice per column.
+    with shmreplay.Server([_table(max_size=16)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        rows = np.arange(12, dtype=np.float64)[:, None] * np.ones(3)
+        keys = client.insert_batch({"x": rows[:8]}, {"t": 1.0})["t"]
+        client.mutate_priorities("t", deletes=[int(keys[i]) for i in (5, 1, 6, 2)])
+        new_keys = client.insert_batch({"x": rows[8:]}, {"t": 1.0})["t"]
+        engine = client._buffer.by_name["t"]
+        slots = [int(k) & ((1 << int(engine.ctrl[L.C_SLOT_BITS])) - 1) for k in new_keys]
+        assert slots != list(range(slots[0], slots[0] + 4))  # the scattered path ran
+        expected = {int(k): row for k, row in zip(keys, rows)}
+        expected.update({int(k): row for k, row in zip(new_keys, rows[8:])})
+        for i in (5, 1, 6, 2):
+            del expected[int(keys[i])]
+        sample = client.sample_batch("t", 256, timeout=5)
+        assert {int(k) for k in sample.info.key} == set(expected)
+        for key, row in zip(sample.info.key, sample.data["x"]):
+            np.testing.assert_array_equal(row, expected[int(key)])
         client.close()
 
 

@@ -244,6 +244,8 @@ def test_invalid_priority(populated, bad, text):
         with pytest.raises(errors.InvalidPriorityError, match=message):
             client.insert_batch(batch(3, start=5), priorities={"sig": np.array([1.0, bad, 1.0])},
                                 timeout=1)
+        with pytest.raises(errors.InvalidPriorityError, match=message):
+            client.insert_batch(batch(3, start=5), priorities={"sig": bad}, timeout=1)
         with pytest.raises(ValueError, match=message):
             client.mutate_priorities("sig", updates={keys[0]: 7.0, keys[1]: bad})
         with pytest.raises(ValueError, match=message):
@@ -252,6 +254,22 @@ def test_invalid_priority(populated, bad, text):
             client.update_priorities("sig", keys=np.array([keys[0], keys[1]], np.uint64),
                                      priorities=np.array([7.0, bad]))
     # no earlier part of a rejected call was applied
+    assert_sig_contents(client)
+
+
+def test_priority_too_large_for_the_sum_tree(populated):
+    # 'sig' is Prioritized(1.0) over 100 slots: the largest priority keeps their sum
+    # finite; above it each insert path refuses the item with the same message.
+    server, client, keys = populated
+    message = all_of("'sig'", "too large")
+    with unchanged(client):
+        with pytest.raises(errors.InvalidPriorityError, match=message):
+            client.insert(item(5), priorities={"sig": 1e307}, timeout=1)
+        with pytest.raises(errors.InvalidPriorityError, match=message):
+            client.insert_batch(batch(2, start=5), priorities={"sig": 1e307}, timeout=1)
+        with pytest.raises(errors.InvalidPriorityError, match=message):
+            client.insert_batch(batch(2, start=5), priorities={"sig": np.array([1.0, 1e307])},
+                                timeout=1)
     assert_sig_contents(client)
 
 

@@ -14,7 +14,7 @@ and ``rebuild`` can recompute everything else from them.
 
 import numpy as np
 
-from shmreplay._kernels import codes, heap, kernel, rows as step_rows, sumtree
+from shmreplay._kernels import codes, heap, inlined_kernel, kernel, rows as step_rows, sumtree
 from shmreplay._kernels.sumtree import weight
 from shmreplay._layout import (
     C_CAPACITY, C_DELETES, C_FREE_HEAD, C_FREE_TOP, C_FRESH, C_HEAD, C_HEAP_N0, C_INSERTS, C_MAX_SIZE, C_MIN_SIZE,
@@ -96,11 +96,22 @@ def pop_free_block(ctrl, meta, n, out_slots):
     ctrl[C_FRESH] = fresh
 
 
-@kernel
+@inlined_kernel
 def push_free(ctrl, meta, slot):
     meta[slot, M_NEXT] = ctrl[C_FREE_HEAD]
     ctrl[C_FREE_HEAD] = slot
     ctrl[C_FREE_TOP] += 1
+
+
+@kernel
+def _indexed(ctrl, role):
+    """Whether the role's selector keeps an index of the items (a sum-tree or a heap).
+
+    Callers test this before calling ``_role_add``/``_role_remove``: a call passing the
+    table's arrays costs tens of nanoseconds, which was most of a Uniform/Fifo insert.
+    """
+    kind = ctrl[C_SAMPLER_KIND + role]
+    return kind == codes.PRIORITIZED or kind == codes.MIN_HEAP or kind == codes.MAX_HEAP
 
 
 @kernel
@@ -137,7 +148,7 @@ def fix_role(ctrl, fctrl, meta, prio, trees, role, slot):
                  kind == codes.MIN_HEAP)
 
 
-@kernel
+@inlined_kernel
 def add(ctrl, fctrl, meta, prio, trees, slot, priority, tree0):
     """Makes a WRITING slot a live item; returns its new key.
 
@@ -166,14 +177,15 @@ def add(ctrl, fctrl, meta, prio, trees, slot, priority, tree0):
     else:
         ctrl[C_HEAD] = slot
     ctrl[C_TAIL] = slot
-    if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
+    if _indexed(ctrl, 0) and (tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED):
         _role_add(ctrl, fctrl, meta, prio, trees, 0, slot)
-    _role_add(ctrl, fctrl, meta, prio, trees, 1, slot)
+    if _indexed(ctrl, 1):
+        _role_add(ctrl, fctrl, meta, prio, trees, 1, slot)
     meta[slot, M_STATE] = codes.READY
     return key
 
 
-@kernel
+@inlined_kernel
 def free_slot(ctrl, meta, refs, rows, slot):
     """Returns a slot that is no longer an item (or a reservation) to the free stack;
     with step storage, its rows lose a reference."""
@@ -182,14 +194,14 @@ def free_slot(ctrl, meta, refs, rows, slot):
     push_free(ctrl, meta, slot)
 
 
-@kernel
+@inlined_kernel
 def remove(ctrl, meta, prio, trees, refs, rows, slot, tree0):
     """Deletes a live item (a rate-limiter delete) and frees its slot (``tree0``: as in add)."""
     unlink(ctrl, meta, prio, trees, slot, tree0, codes.FREE)
     free_slot(ctrl, meta, refs, rows, slot)
 
 
-@kernel
+@inlined_kernel
 def unlink(ctrl, meta, prio, trees, slot, tree0, state):
     """Deletes a live item from every structure, leaving its slot in ``state`` (FREE to
     be freed by the caller, or DRAINING to keep its data until a sampler copied it)."""
@@ -210,9 +222,10 @@ def unlink(ctrl, meta, prio, trees, slot, tree0, state):
         meta[nxt, M_PREV] = prev
     else:
         ctrl[C_TAIL] = prev
-    if tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:
+    if _indexed(ctrl, 0) and (tree0 or ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED):
         _role_remove(ctrl, meta, prio, trees, 0, slot)
-    _role_remove(ctrl, meta, prio, trees, 1, slot)
+    if _indexed(ctrl, 1):
+        _role_remove(ctrl, meta, prio, trees, 1, slot)
     ctrl[C_DELETES] += 1
     ctrl[C_TOTAL_DELETED] += 1
 
@@ -230,7 +243,7 @@ def lookup(ctrl, meta, key):
     return slot
 
 
-@kernel
+@inlined_kernel
 def select(ctrl, fctrl, meta, trees, role, prob_out):
     """Picks one live item with the role's selector; its probability goes to ``prob_out[0]`` (float64)."""
     kind = ctrl[C_SAMPLER_KIND + role]

@@ -627,6 +627,47 @@ def sample_gather(segment, table, batch, pid, data, out, layout):
 
 
 @kernel
+def reserve_whole(segment, table, n, priorities, largest, pid, work, io):
+    """``reserve`` of ``n`` slots in a whole-item table, without waiting: the first half
+    of ``insert_batch``'s fast path (arguments as for ``sample_gather``).
+
+    The ``n`` float64 ``priorities`` are checked first: if one is not in
+    ``[0, largest]``, nothing changes and ``INVALID_PRIORITY`` is returned, with its
+    index in ``work[0]``. ``work`` is int64 of at least ``5 * n + 1``: the slots go to
+    ``work[:n]``, and ``work[n]`` receives the first slot if they are one ascending run
+    (the caller then copies each column with one slice), else -1. The rest is
+    ``commit_whole``'s scratch. Returns ``n``, or a status (``BLOCKED``: nothing
+    reserved).
+    """
+    if n < 1 or work.shape[0] < 5 * n + 1 or priorities.shape[0] != n:
+        return BROKEN
+    bad = first_invalid_priority(priorities, largest)
+    if bad >= 0:
+        work[0] = bad
+        return codes.INVALID_PRIORITY
+    ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
+    slots = work[:n]
+    status = reserve(ctrl, fctrl, meta, prio, trees, refs, rows, n, pid, 0, 0, slots, io)
+    if status < 0:
+        return status
+    work[n] = slots[0] if ascending_run(slots) else -1
+    return n
+
+
+@kernel
+def commit_whole(segment, table, work, n, priorities, out_keys, io):
+    """``commit`` of the slots ``reserve_whole`` put in ``work[:n]``, after the caller
+    wrote them; ``out_keys`` (uint64) receives the keys. Returns the evicted count or a
+    status."""
+    ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
+    if n < 1 or work.shape[0] < 5 * n + 1 or out_keys.shape[0] < n or priorities.shape[0] < n:
+        return BROKEN
+    touched = work[n + 1:5 * n + 1].reshape((2, 2 * n))
+    return commit(ctrl, fctrl, meta, prio, trees, refs, rows, work[:n], priorities,
+                  out_keys[:n].view(np.int64), io, touched)
+
+
+@kernel
 def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positions):
     # In call order, so the last of duplicate keys wins. A heap is repaired after each
     # change (its sift assumes every other entry is in order); sum-trees are fixed once

@@ -85,6 +85,7 @@ class TableEngine:
         # segment's bytes and where this table is in them.
         self._header_bytes = np.frombuffer(buf, np.uint8)
         self._table_offsets = L.table_offsets(region)
+        self._update_scratch = np.empty((2, 256), np.int64)  # update_whole's, grown as needed
         self._table_arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
         # Kernels take the step arrays too; placeholders until the data segment is mapped.
         self.refs, self.rows = L.no_step_views()
@@ -891,8 +892,11 @@ class TableEngine:
         """``update`` in one native call, for mapped whole-item tables (``whole_items``):
         uint64 ``keys``, float64 ``priorities`` checked by the kernel. Returns the number
         updated, or ``codes.INVALID_PRIORITY`` (nothing changed)."""
+        scratch = self._update_scratch
+        if scratch.shape[1] < keys.shape[0]:
+            scratch = self._update_scratch = np.empty((2, keys.shape[0]), np.int64)
         status = kernels.update_whole(self._header_bytes, self._table_offsets, keys, priorities,
-                                      self.max_priority, np.empty((2, keys.shape[0]), np.int64))
+                                      self.max_priority, scratch)
         if status < 0 and status != codes.INVALID_PRIORITY:
             self._raise_status(status)
         return status

@@ -721,13 +721,14 @@ def update_whole(segment, table, keys, priorities, largest, scratch):
 
     ``keys`` are uint64 (as sampled), ``priorities`` float64 of the same length,
     checked before the lock is taken: if one is not in ``[0, largest]``, nothing
-    changes and ``INVALID_PRIORITY`` is returned, with its index in ``scratch[0, 0]``.
-    Unknown or stale keys are ignored; the last of duplicate keys wins. ``scratch`` is
-    int64 ``[2, len(keys)]``. Returns the number of keys updated, or a status.
+    changes and ``INVALID_PRIORITY`` is returned. Unknown or stale keys are ignored;
+    the last of duplicate keys wins. ``scratch`` is int64 ``[2, >= len(keys)]``, used
+    only with the lock held (so a handle's threads can share one). Returns the number
+    of keys updated, or a status.
     """
-    bad = first_invalid_priority(priorities, largest)
-    if bad >= 0:
-        scratch[0, 0] = bad
+    if scratch.shape[1] < keys.shape[0] or priorities.shape[0] != keys.shape[0]:
+        return BROKEN
+    if first_invalid_priority(priorities, largest) >= 0:
         return codes.INVALID_PRIORITY
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
     status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)

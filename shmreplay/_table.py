@@ -35,6 +35,8 @@ _NO_KEYS = np.empty(0, np.int64)
 # The remover writes the evicted item's probability here; nobody reads it, so threads
 # may share it.
 _SCRATCH_PROB = np.empty(2, np.float64)
+_NO_WEIGHTS = np.empty(0, np.float64)
+_WEIGH_UNLOCKED_FROM = 32  # keys per update_whole (below: weights computed under the lock)
 
 
 def _seed_rng():
@@ -895,8 +897,11 @@ class TableEngine:
         scratch = self._update_scratch
         if scratch.shape[1] < keys.shape[0]:
             scratch = self._update_scratch = np.empty((2, keys.shape[0]), np.int64)
+        # From a few dozen keys on, the sum-tree weights are worth computing before the
+        # lock is taken (into a new array: that part runs unlocked, so no sharing).
+        weights = np.empty(keys.shape[0]) if keys.shape[0] >= _WEIGH_UNLOCKED_FROM else _NO_WEIGHTS
         status = kernels.update_whole(self._header_bytes, self._table_offsets, keys, priorities,
-                                      self.max_priority, scratch)
+                                      self.max_priority, scratch, weights)
         if status < 0 and status != codes.INVALID_PRIORITY:
             self._raise_status(status)
         return status

@@ -183,13 +183,15 @@ def test_rewriting_one_slot_leaves_no_drift(capacity):
 def test_set_leaves_equals_loop_of_set_leaf(capacity, exponent):
     """flashbax's batched-update equivalence: ``set_leaves`` == a loop of ``set_leaf``,
     for random slots with duplicates, ascending and descending runs, sorted repeats.
-    Slots that are not READY get a zero leaf."""
+    Slots that are not READY get a zero leaf. ``set_leaves_to`` with the same weights,
+    given in another order through ``positions``, makes the same tree."""
     rng = np.random.default_rng(capacity + int(exponent * 10))
     priorities = mixed_weights(rng, capacity)
     priorities[priorities == HUGE] = 1e100  # 1e300 ** 1.7 would overflow
     states = np.full(capacity, codes.READY, np.int64)
     batched, leaves = make_tree(capacity)
     looped = batched.copy()
+    given = batched.copy()
     expected = np.zeros(capacity)
     for round_ in range(24):
         count = int(rng.integers(1, 2 * capacity + 2))
@@ -209,11 +211,20 @@ def test_set_leaves_equals_loop_of_set_leaf(capacity, exponent):
         states[slots] = np.where(rng.random(count) < 0.15, codes.FREE, codes.READY)
         nodes = np.full(count, -1, np.int64)
         sumtree.set_leaves(batched, leaves, slots, count, priorities, exponent, states, nodes)
-        for slot in slots:
+        values = np.empty(count)
+        for b, slot in enumerate(slots):
             value = items.weight(priorities[slot], exponent) if states[slot] == codes.READY else 0.0
             sumtree.set_leaf(looped, leaves, int(slot), value)
             expected[slot] = value
+            values[b] = value
         assert np.array_equal(batched, looped), f"round {round_}: set_leaves != loop of set_leaf"
+        # set_leaves_to (weights given, read through positions that double as scratch)
+        # builds the same tree from the same leaves, the last of repeated slots winning.
+        order = rng.permutation(count).astype(np.int64)
+        shuffled = np.empty(count)
+        shuffled[order] = values
+        sumtree.set_leaves_to(given, leaves, slots, count, shuffled, order, order)
+        assert np.array_equal(given, looped), f"round {round_}: set_leaves_to != set_leaves"
     assert_tree_sound(batched, leaves, expected)
 
 

@@ -411,6 +411,30 @@ def test_update_priorities_with_duplicate_keys_last_one_wins():
         check_probabilities(client, {0: 4.0, 1: 2.0, 2: 1.0, 3: 1.0}, n_batches=2)
 
 
+@pytest.mark.parametrize("remover", [selectors.Fifo(), selectors.Prioritized(0.3)],
+                         ids=["fifo-remover", "prioritized-remover"])
+def test_large_updates_with_duplicates_and_stale_keys(remover):
+    # From 32 keys on, update_priorities computes the sampler's weights before it takes
+    # the lock; duplicates (the last wins) and stale keys must come out as for small ones.
+    with serve(make_table(selectors.Prioritized(0.7), remover=remover)) as client:
+        insert_many(client, range(40), np.ones(40))
+        keys = keys_by_value(client, range(40))
+        client.mutate_priorities("t", deletes=[keys[v] for v in (3, 7)])
+        rng = np.random.default_rng(5)
+        values = rng.integers(0, 40, 96)
+        prios = rng.uniform(0.1, 9.0, 96)
+        prios[::11] = 0.0
+        expected = {v: 1.0 for v in range(40) if v not in (3, 7)}
+        for value, priority in zip(values.tolist(), prios.tolist()):
+            if value in expected:
+                expected[value] = priority  # the last of duplicates wins; 3 and 7 are gone
+        updated = client.update_priorities(
+            "t", keys=np.array([keys[v] for v in values], np.uint64), priorities=prios)
+        assert updated == sum(1 for v in values.tolist() if v not in (3, 7))
+        assert client.verify("t") == []
+        check_probabilities(client, expected, exponent=0.7, n_batches=2)
+
+
 def test_priority_exponent_applies_to_updates():
     with serve(make_table(selectors.Prioritized(2.0))) as client:
         keys = [client.insert(np.int64(v), priorities={"t": 1.0}, timeout=1)["t"]

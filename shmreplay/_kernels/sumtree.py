@@ -26,11 +26,7 @@ def set_leaves(tree, leaves, slots, count, priorities, exponent, live, nodes):
     """Sets the leaves of ``slots[:count]`` and recomputes their ancestors.
 
     A slot's leaf becomes ``weight(priorities[slot])`` if ``live[slot]`` is READY, else 0.
-    Ancestors are recomputed one level at a time for all slots together (every leaf is
-    at the same depth), which overlaps the cache misses of the paths on large trees, and
-    a parent shared by neighbours in ``slots`` is recomputed once: a batch written to
-    a run of slots touches a few hundred nodes instead of ``count * depth``.
-    ``nodes`` is int64 scratch of at least ``count``.
+    ``nodes`` is int64 scratch of at least ``count`` (see ``_recompute_ancestors``).
     """
     for b in range(count):
         slot = slots[b]
@@ -39,6 +35,35 @@ def set_leaves(tree, leaves, slots, count, priorities, exponent, live, nodes):
             value = weight(priorities[slot], exponent)
         tree[leaves + slot] = value
         nodes[b] = (leaves + slot) >> 1
+    _recompute_ancestors(tree, nodes, count)
+
+
+@kernel
+def set_leaves_to(tree, leaves, slots, count, values, positions, nodes):
+    """Sets leaf ``slots[b]`` to ``values[positions[b]]`` for ``b < count`` (weights
+    computed by the caller, e.g. before taking a lock) and recomputes the ancestors.
+
+    Entries are applied in order, so the last of a repeated slot wins. ``nodes`` is
+    int64 scratch of at least ``count``; it may be ``positions`` itself (each position
+    is read before its entry is overwritten).
+    """
+    for b in range(count):
+        slot = slots[b]
+        tree[leaves + slot] = values[positions[b]]
+        nodes[b] = (leaves + slot) >> 1
+    _recompute_ancestors(tree, nodes, count)
+
+
+@kernel
+def _recompute_ancestors(tree, nodes, count):
+    """Recomputes the nodes ``nodes[:count]`` (parents of just-set leaves), then theirs,
+    up to the root.
+
+    One level at a time for all entries together (every leaf is at the same depth),
+    which overlaps the cache misses of the paths on large trees, and a parent shared by
+    neighbouring entries is recomputed once: a batch written to a run of slots touches
+    a few hundred nodes instead of ``count * depth``.
+    """
     active = _unique_neighbours(nodes, count)
     while active > 0 and nodes[0] >= 1:
         for b in range(active):

@@ -668,10 +668,11 @@ def commit_whole(segment, table, work, n, priorities, out_keys, io):
 
 
 @kernel
-def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positions):
+def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positions, weights0):
     # In call order, so the last of duplicate keys wins. A heap is repaired after each
     # change (its sift assumes every other entry is in order); sum-trees are fixed once
-    # for the whole set at the end.
+    # for the whole set at the end. ``weights0``: each value's sampler weight, computed
+    # by the caller before locking, or empty.
     for j in range(count):
         slot = slots[j]
         prio[slot] = values[positions[j]]
@@ -683,7 +684,13 @@ def _apply_updates(ctrl, fctrl, meta, prio, trees, slots, count, values, positio
                 items.fix_role(ctrl, fctrl, meta, prio, trees, role, slot)
     leaves = ctrl[C_TREE_LEAVES]
     for role in range(2):
-        if ctrl[C_SAMPLER_KIND + role] == codes.PRIORITIZED:
+        if ctrl[C_SAMPLER_KIND + role] != codes.PRIORITIZED:
+            continue
+        if role == 0 and weights0.shape[0] > 0:
+            # (uses up ``positions``: the remover's tree below needs them only as scratch)
+            sumtree.set_leaves_to(trees[0], leaves, slots, count, weights0, positions,
+                                  positions)
+        else:
             sumtree.set_leaves(trees[role], leaves, slots, count, prio,
                                fctrl[F_EXPONENT0 + role], meta[:, M_STATE], positions)
 
@@ -708,7 +715,7 @@ def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys,
             deleted += 1
     _stop_point(ctrl, codes.STOP_MUTATE_HALF)
     io[0] = _update_by_keys(ctrl, fctrl, meta, prio, trees, update_keys, update_priorities,
-                            scratch)
+                            scratch, update_priorities[:0])
     if deleted:
         _bump(ctrl, C_SPACE_SEQ)
     _unlock_and_wake(ctrl, False, deleted > 0)
@@ -716,33 +723,46 @@ def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys,
 
 
 @kernel
-def update_whole(segment, table, keys, priorities, largest, scratch):
+def update_whole(segment, table, keys, priorities, largest, scratch, weights):
     """Sets priorities by key in a whole-item table: the learner's update in one call.
 
     ``keys`` are uint64 (as sampled), ``priorities`` float64 of the same length,
     checked before the lock is taken: if one is not in ``[0, largest]``, nothing
     changes and ``INVALID_PRIORITY`` is returned. Unknown or stale keys are ignored;
     the last of duplicate keys wins. ``scratch`` is int64 ``[2, >= len(keys)]``, used
-    only with the lock held (so a handle's threads can share one). Returns the number
-    of keys updated, or a status.
+    only with the lock held (so a handle's threads can share one). ``weights``: float64
+    ``[len(keys)]``, or empty. If given and the sampler is Prioritized, the sum-tree
+    weights (``priority ** exponent``, tens of ns each) are computed into it before the
+    lock is taken, which shortens the learner's hold of the lock that actors wait for.
+    Returns the number of keys updated, or a status.
     """
-    if scratch.shape[1] < keys.shape[0] or priorities.shape[0] != keys.shape[0]:
+    if (scratch.shape[1] < keys.shape[0] or priorities.shape[0] != keys.shape[0]
+            or (weights.shape[0] != 0 and weights.shape[0] != keys.shape[0])):
         return BROKEN
     if first_invalid_priority(priorities, largest) >= 0:
         return codes.INVALID_PRIORITY
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
+    if weights.shape[0] > 0:
+        if ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED:  # (fixed when the table was made)
+            exponent = fctrl[F_EXPONENT0]
+            for i in range(keys.shape[0]):
+                weights[i] = sumtree.weight(priorities[i], exponent)
+        else:
+            weights = weights[:0]
     status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    updated = _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch)
+    updated = _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch,
+                              weights)
     _unlock(ctrl)
     return updated
 
 
 @kernel
-def _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch):
+def _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch, weights0):
     """Sets the priorities of the live items among ``keys`` (int64 or uint64), with the
-    lock held; returns how many were live. ``scratch``: int64 ``[2, len(keys)]``."""
+    lock held; returns how many were live. ``scratch``: int64 ``[2, len(keys)]``;
+    ``weights0``: as in ``_apply_updates``, one per key."""
     updated = 0
     slots = scratch[0]
     for i in range(keys.shape[0]):
@@ -751,7 +771,8 @@ def _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch):
             slots[updated] = slot
             scratch[1, updated] = i
             updated += 1
-    _apply_updates(ctrl, fctrl, meta, prio, trees, slots, updated, priorities, scratch[1])
+    _apply_updates(ctrl, fctrl, meta, prio, trees, slots, updated, priorities, scratch[1],
+                   weights0)
     return updated
 
 

@@ -88,6 +88,7 @@ class TableEngine:
         self._header_bytes = np.frombuffer(buf, np.uint8)
         self._table_offsets = L.table_offsets(region)
         self._update_scratch = np.empty((2, 256), np.int64)  # update_whole's, grown as needed
+        self._weighs = config.sampler.kind == codes.PRIORITIZED
         self._table_arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
         # Kernels take the step arrays too; placeholders until the data segment is mapped.
         self.refs, self.rows = L.no_step_views()
@@ -897,11 +898,12 @@ class TableEngine:
         scratch = self._update_scratch
         if scratch.shape[1] < keys.shape[0]:
             scratch = self._update_scratch = np.empty((2, keys.shape[0]), np.int64)
-        # From a few dozen keys on, the sum-tree weights are worth computing before the
-        # lock is taken (into a new array: that part runs unlocked, so no sharing).
-        weights = np.empty(keys.shape[0]) if keys.shape[0] >= _WEIGH_UNLOCKED_FROM else _NO_WEIGHTS
+        # From a few dozen keys on, a Prioritized sampler's weights are worth computing
+        # before the lock is taken (in a new array: that part runs unlocked).
+        n = keys.shape[0]
+        work = np.empty(2 * n) if n >= _WEIGH_UNLOCKED_FROM and self._weighs else _NO_WEIGHTS
         status = kernels.update_whole(self._header_bytes, self._table_offsets, keys, priorities,
-                                      self.max_priority, scratch, weights)
+                                      self.max_priority, scratch, work)
         if status < 0 and status != codes.INVALID_PRIORITY:
             self._raise_status(status)
         return status

@@ -131,7 +131,9 @@ class Client:
             (table, priority), = priorities.items()
             engine = self._engine(table)
             fast = engine.fast_batch_leaves(data)
-            if fast is not None:
+            # (a batch too large for the table goes the general way, which names the
+            # problem after checking the priorities, as for any other bad input)
+            if fast is not None and fast[1] <= engine.max_batch:
                 leaves, count = fast
                 if type(priority) is float:
                     prios = np.empty(count)
@@ -141,7 +143,6 @@ class Client:
                     prios = priority
                 else:
                     prios = _check_priorities(engine, priority, count)
-                _check_batch_fits(engine, count)
                 keys = engine.insert_many(leaves, prios, count, timeout)  # checks prios
                 if keys is not None:
                     return {table: keys}

@@ -12,7 +12,7 @@ import posix_ipc
 import pytest
 
 import shmreplay
-from shmreplay import errors, rate_limiters, selectors
+from shmreplay import _layout as L, errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
 import _names
 
@@ -81,7 +81,10 @@ def snapshot(client):
             num_unique_samples=info.num_unique_samples,
             inserts=rl.insert_stats.completed, samples=rl.sample_stats.completed,
             deletes=rl.delete_stats.completed,
-            signature=None if info.signature is None else repr(info.signature))
+            signature=None if info.signature is None else repr(info.signature),
+            # slots reserved and not yet committed or cancelled: a refused call must not
+            # leave one behind (the table would look unchanged, with a slot lost)
+            pending=int(client._buffer.by_name[name].ctrl[L.C_PENDING]))
     return state
 
 

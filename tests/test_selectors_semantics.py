@@ -428,11 +428,27 @@ def test_large_updates_with_duplicates_and_stale_keys(remover):
         for value, priority in zip(values.tolist(), prios.tolist()):
             if value in expected:
                 expected[value] = priority  # the last of duplicates wins; 3 and 7 are gone
+        strided = np.repeat(prios, 2)[::2]  # a view that is not contiguous, as users pass
         updated = client.update_priorities(
-            "t", keys=np.array([keys[v] for v in values], np.uint64), priorities=prios)
+            "t", keys=np.array([keys[v] for v in values], np.uint64), priorities=strided)
         assert updated == sum(1 for v in values.tolist() if v not in (3, 7))
         assert client.verify("t") == []
         check_probabilities(client, expected, exponent=0.7, n_batches=2)
+
+
+def test_large_updates_keep_a_prioritized_remover_tree_sound():
+    # A Uniform sampler keeps no tree: the weights are then computed under the lock,
+    # for the remover's tree only.
+    with serve(make_table(selectors.Uniform(), remover=selectors.Prioritized(0.5))) as client:
+        insert_many(client, range(40), np.ones(40))
+        keys = keys_by_value(client, range(40))
+        rng = np.random.default_rng(6)
+        values = rng.integers(0, 40, 64)
+        updated = client.update_priorities(
+            "t", keys=np.array([keys[v] for v in values], np.uint64),
+            priorities=rng.uniform(0.1, 5.0, 64))
+        assert updated == 64
+        assert client.verify("t") == []
 
 
 def test_priority_exponent_applies_to_updates():

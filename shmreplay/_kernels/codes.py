@@ -25,7 +25,7 @@ TOO_BIG = -3  # the batch can never fit in the free slots
 UNMAPPED = -5  # the caller passed placeholder step arrays: map the data segment, call again
 NO_ROWS = -6  # step storage cannot hold the item even with the table emptied
 UNFINISHED = -7  # sample_gather: the batch needs the general steps (details in its io)
-INVALID_PRIORITY = -8  # update_whole: a priority is negative, NaN or too large
+INVALID_PRIORITY = -8  # update_whole, reserve_whole: a priority is negative, NaN or too large
 
 # Crash points (tests only, ``shmreplay._crash_points``): places inside locked kernels
 # where an armed process stops itself, so a test can SIGKILL it there.

@@ -632,18 +632,16 @@ def reserve_whole(segment, table, n, priorities, largest, pid, work, io):
     of ``insert_batch``'s fast path (arguments as for ``sample_gather``).
 
     The ``n`` float64 ``priorities`` are checked first: if one is not in
-    ``[0, largest]``, nothing changes and ``INVALID_PRIORITY`` is returned, with its
-    index in ``work[0]``. ``work`` is int64 of at least ``5 * n + 1``: the slots go to
-    ``work[:n]``, and ``work[n]`` receives the first slot if they are one ascending run
-    (the caller then copies each column with one slice), else -1. The rest is
-    ``commit_whole``'s scratch. Returns ``n``, or a status (``BLOCKED``: nothing
-    reserved).
+    ``[0, largest]``, nothing changes and ``INVALID_PRIORITY`` is returned (the caller
+    finds which one and says why). ``work`` is int64 of at least ``5 * n + 1``: the
+    slots go to ``work[:n]``, and ``work[n]`` receives the first slot if they are one
+    ascending run (the caller then copies each column with one slice), else -1. The
+    rest is ``commit_whole``'s scratch. Returns ``n``, or a status: ``BLOCKED`` (nothing
+    reserved), ``BROKEN`` if the arrays do not have those sizes.
     """
     if n < 1 or work.shape[0] < 5 * n + 1 or priorities.shape[0] != n:
         return BROKEN
-    bad = first_invalid_priority(priorities, largest)
-    if bad >= 0:
-        work[0] = bad
+    if first_invalid_priority(priorities, largest) >= 0:
         return codes.INVALID_PRIORITY
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
     slots = work[:n]
@@ -723,37 +721,47 @@ def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys,
 
 
 @kernel
-def update_whole(segment, table, keys, priorities, largest, scratch, weights):
+def update_whole(segment, table, keys, priorities, largest, scratch, work):
     """Sets priorities by key in a whole-item table: the learner's update in one call.
 
     ``keys`` are uint64 (as sampled), ``priorities`` float64 of the same length,
     checked before the lock is taken: if one is not in ``[0, largest]``, nothing
     changes and ``INVALID_PRIORITY`` is returned. Unknown or stale keys are ignored;
     the last of duplicate keys wins. ``scratch`` is int64 ``[2, >= len(keys)]``, used
-    only with the lock held (so a handle's threads can share one). ``weights``: float64
-    ``[len(keys)]``, or empty. If given and the sampler is Prioritized, the sum-tree
-    weights (``priority ** exponent``, tens of ns each) are computed into it before the
-    lock is taken, which shortens the learner's hold of the lock that actors wait for.
+    only with the lock held (so a handle's threads can share one).
+
+    ``work``: float64 ``[2 * len(keys)]`` for a Prioritized sampler, or empty. If given,
+    the priorities are copied into its first half, checked there, and their sum-tree
+    weights (``priority ** exponent``, tens of ns each) computed into its second half,
+    all before the lock is taken: that shortens the learner's hold of the lock that
+    actors wait for, and the priorities and weights applied come from one read of
+    ``priorities`` even if the caller changes it meanwhile.
     Returns the number of keys updated, or a status.
     """
-    if (scratch.shape[1] < keys.shape[0] or priorities.shape[0] != keys.shape[0]
-            or (weights.shape[0] != 0 and weights.shape[0] != keys.shape[0])):
+    n = keys.shape[0]
+    if (scratch.shape[1] < n or priorities.shape[0] != n
+            or (work.shape[0] != 0 and work.shape[0] != 2 * n)):
         return BROKEN
-    if first_invalid_priority(priorities, largest) >= 0:
-        return codes.INVALID_PRIORITY
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
-    if weights.shape[0] > 0:
-        if ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED:  # (fixed when the table was made)
-            exponent = fctrl[F_EXPONENT0]
-            for i in range(keys.shape[0]):
-                weights[i] = sumtree.weight(priorities[i], exponent)
-        else:
-            weights = weights[:0]
+    values = work[:n]
+    weights = work[n:]
+    if work.shape[0] > 0 and ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED:  # (fixed at creation)
+        for i in range(n):
+            values[i] = priorities[i]
+        if first_invalid_priority(values, largest) >= 0:
+            return codes.INVALID_PRIORITY
+        exponent = fctrl[F_EXPONENT0]
+        for i in range(n):
+            weights[i] = sumtree.weight(values[i], exponent)
+    else:
+        if first_invalid_priority(priorities, largest) >= 0:
+            return codes.INVALID_PRIORITY
+        values = priorities
+        weights = work[:0]
     status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    updated = _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch,
-                              weights)
+    updated = _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, values, scratch, weights)
     _unlock(ctrl)
     return updated
 
@@ -761,8 +769,8 @@ def update_whole(segment, table, keys, priorities, largest, scratch, weights):
 @kernel
 def _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch, weights0):
     """Sets the priorities of the live items among ``keys`` (int64 or uint64), with the
-    lock held; returns how many were live. ``scratch``: int64 ``[2, len(keys)]``;
-    ``weights0``: as in ``_apply_updates``, one per key."""
+    lock held; returns how many were live. ``scratch``: int64 ``[2, >= len(keys)]``;
+    ``weights0``: as in ``_apply_updates`` (one per key, or empty)."""
     updated = 0
     slots = scratch[0]
     for i in range(keys.shape[0]):

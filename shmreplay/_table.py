@@ -35,8 +35,7 @@ _NO_KEYS = np.empty(0, np.int64)
 # The remover writes the evicted item's probability here; nobody reads it, so threads
 # may share it.
 _SCRATCH_PROB = np.empty(2, np.float64)
-_NO_WEIGHTS = np.empty(0, np.float64)
-_WEIGH_UNLOCKED_FROM = 32  # keys per update_whole (below: weights computed under the lock)
+_WEIGH_UNLOCKED_FROM = 32  # keys per update (below: weights computed under the lock)
 
 
 def _seed_rng():
@@ -898,12 +897,15 @@ class TableEngine:
         scratch = self._update_scratch
         if scratch.shape[1] < keys.shape[0]:
             scratch = self._update_scratch = np.empty((2, keys.shape[0]), np.int64)
-        # From a few dozen keys on, a Prioritized sampler's weights are worth computing
-        # before the lock is taken (in a new array: that part runs unlocked).
-        n = keys.shape[0]
-        work = np.empty(2 * n) if n >= _WEIGH_UNLOCKED_FROM and self._weighs else _NO_WEIGHTS
-        status = kernels.update_whole(self._header_bytes, self._table_offsets, keys, priorities,
-                                      self.max_priority, scratch, work)
+        if keys.shape[0] >= _WEIGH_UNLOCKED_FROM and self._weighs:
+            # From a few dozen keys on, a Prioritized sampler's weights are worth
+            # computing before the lock is taken (in a new array: that part is unlocked).
+            status = kernels.update_whole_weighed(
+                self._header_bytes, self._table_offsets, keys, priorities, self.max_priority,
+                scratch, np.empty(2 * keys.shape[0]))
+        else:
+            status = kernels.update_whole(self._header_bytes, self._table_offsets, keys,
+                                          priorities, self.max_priority, scratch)
         if status < 0 and status != codes.INVALID_PRIORITY:
             self._raise_status(status)
         return status

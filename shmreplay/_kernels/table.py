@@ -721,47 +721,62 @@ def mutate(ctrl, fctrl, meta, prio, trees, refs, rows, delete_keys, update_keys,
 
 
 @kernel
-def update_whole(segment, table, keys, priorities, largest, scratch, work):
+def update_whole(segment, table, keys, priorities, largest, scratch):
     """Sets priorities by key in a whole-item table: the learner's update in one call.
 
     ``keys`` are uint64 (as sampled), ``priorities`` float64 of the same length,
     checked before the lock is taken: if one is not in ``[0, largest]``, nothing
     changes and ``INVALID_PRIORITY`` is returned. Unknown or stale keys are ignored;
     the last of duplicate keys wins. ``scratch`` is int64 ``[2, >= len(keys)]``, used
-    only with the lock held (so a handle's threads can share one).
-
-    ``work``: float64 ``[2 * len(keys)]`` for a Prioritized sampler, or empty. If given,
-    the priorities are copied into its first half, checked there, and their sum-tree
-    weights (``priority ** exponent``, tens of ns each) computed into its second half,
-    all before the lock is taken: that shortens the learner's hold of the lock that
-    actors wait for, and the priorities and weights applied come from one read of
-    ``priorities`` even if the caller changes it meanwhile.
-    Returns the number of keys updated, or a status.
+    only with the lock held (so a handle's threads can share one). Returns the number
+    of keys updated, or a status.
     """
     n = keys.shape[0]
-    if (scratch.shape[1] < n or priorities.shape[0] != n
-            or (work.shape[0] != 0 and work.shape[0] != 2 * n)):
+    if scratch.shape[1] < n or priorities.shape[0] != n:
         return BROKEN
-    ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
+    if first_invalid_priority(priorities, largest) >= 0:
+        return codes.INVALID_PRIORITY
+    return _update_locked(segment, table, keys, priorities, scratch, priorities[:0])
+
+
+@kernel
+def update_whole_weighed(segment, table, keys, priorities, largest, scratch, work):
+    """``update_whole`` for a Prioritized sampler, with the sum-tree weights
+    (``priority ** exponent``, tens of ns each) computed before the lock is taken: that
+    shortens the learner's hold of the lock that actors wait for.
+
+    ``work`` is float64 ``[2 * len(keys)]``: the priorities are copied into its first
+    half, checked there and weighed into its second half, so the priorities and the
+    weights applied come from one read of ``priorities`` even if the caller changes it
+    meanwhile.
+    """
+    n = keys.shape[0]
+    if scratch.shape[1] < n or priorities.shape[0] != n or work.shape[0] != 2 * n:
+        return BROKEN
     values = work[:n]
     weights = work[n:]
-    if work.shape[0] > 0 and ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED:  # (fixed at creation)
-        for i in range(n):
-            values[i] = priorities[i]
-        if first_invalid_priority(values, largest) >= 0:
-            return codes.INVALID_PRIORITY
-        exponent = fctrl[F_EXPONENT0]
-        for i in range(n):
-            weights[i] = sumtree.weight(values[i], exponent)
-    else:
-        if first_invalid_priority(priorities, largest) >= 0:
-            return codes.INVALID_PRIORITY
-        values = priorities
-        weights = work[:0]
+    for i in range(n):
+        values[i] = priorities[i]
+    if first_invalid_priority(values, largest) >= 0:
+        return codes.INVALID_PRIORITY
+    ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
+    if ctrl[C_SAMPLER_KIND] != codes.PRIORITIZED:  # (fixed when the table was made)
+        return BROKEN
+    exponent = fctrl[F_EXPONENT0]
+    for i in range(n):
+        weights[i] = sumtree.weight(values[i], exponent)
+    return _update_locked(segment, table, keys, values, scratch, weights)
+
+
+@kernel
+def _update_locked(segment, table, keys, priorities, scratch, weights0):
+    """The locked part of ``update_whole``: the table's arrays from ``segment``."""
+    ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
     status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    updated = _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, values, scratch, weights)
+    updated = _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch,
+                              weights0)
     _unlock(ctrl)
     return updated
 

@@ -308,6 +308,27 @@ def insert_uniform(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], u
                    priority: float, timeout):
     """``insert_item`` for a uniform item (``ItemPlan.uniform``): every column reads the
     steps ``uids``. Returns the new key."""
+    return insert_uniform_refs(rows, plan, [column.refs for column in columns], uids,
+                               priority, timeout)
+
+
+def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, uids, priority: float,
+                         timeout):
+    """``insert_uniform`` given the item's steps instead of its columns: ``steps[i]``
+    holds step ``uids[i]``'s references in column order (a legacy ``Writer``'s steps),
+    so no ``ItemColumn`` is made for an item that goes in at once."""
+    return _insert_uniform(rows, plan, steps, True, uids, priority, timeout)
+
+
+def insert_uniform_refs(rows: TableRows, plan: ItemPlan, column_refs, uids,
+                        priority: float, timeout):
+    """``insert_uniform`` given each column's references (``column_refs[c][i]``: step
+    ``uids[i]`` of column ``c``) instead of ``ItemColumn`` objects."""
+    return _insert_uniform(rows, plan, column_refs, False, uids, priority, timeout)
+
+
+def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, timeout):
+    # ``refs[i][c]`` (``by_step``) or ``refs[c][i]``: step i's reference in column c.
     engine = rows.engine
     entries = rows.entries
     full = plan.full_mask
@@ -328,8 +349,12 @@ def insert_uniform(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], u
             if complete[i] and not fresh[i]:
                 continue
             row = got_rows[i]
-            for (store, _), column in zip(plan.columns, columns):
-                stores[store][row] = column.refs[i].value
+            if by_step:
+                for (store, _), ref in zip(plan.columns, refs[i]):
+                    stores[store][row] = ref.value
+            else:
+                for (store, _), column_refs in zip(plan.columns, refs):
+                    stores[store][row] = column_refs[i].value
             # Read while the reservation holds the row (see ``insert_item``).
             remember.append((uids[i], [row, int(engine.rows[row, L.R_GEN]), full]))
     except BaseException:

@@ -447,8 +447,8 @@ class TrajectoryWriter:
             keys = _writing.flat_dict_keys(treedef) if type(trajectory) is dict else None
             if keys is not None:
                 self._item_layouts[tuple(trajectory)] = (keys, treedef, paths)
-        columns = []
-        shape = []
+        column_refs = []
+        shape = []       # per column: (source field, length, squeeze)
         episode = leaves[0]._refs[0].episode if leaves[0]._refs else None
         uids = None      # the steps every column reads, while they all read the same ones
         window_ends = None  # (first uid, last uid) while every column is a history window
@@ -460,7 +460,7 @@ class TrajectoryWriter:
                 first, last = refs[0], refs[-1]
                 if not first.expired and first.episode == episode == last.episode:
                     source = first.path
-                    columns.append(_writing.ItemColumn(refs, False, source))
+                    column_refs.append(refs)
                     shape.append((source, len(refs), False))
                     ends = (first.uid, last.uid)
                     if uids is None:
@@ -484,7 +484,7 @@ class TrajectoryWriter:
                             "create_item: the trajectory's references span an episode "
                             "boundary (an item never crosses end_episode).")
                     source = None
-            columns.append(_writing.ItemColumn(refs, leaf._squeeze, source))
+            column_refs.append(refs)
             shape.append((source, len(refs), leaf._squeeze))
             column_uids = [ref.uid for ref in refs]
             if uids is None:
@@ -494,6 +494,17 @@ class TrajectoryWriter:
         rows = self._tables.get(table) or self._rows(table)
         prio = _writing.check_priority(rows.engine, priority)
         plan = rows.plans.get((treedef, tuple(shape)))
+        if plan is not None and plan.uniform and uids and not self._pending:
+            # The usual item (planned before, every column over the same steps, nothing
+            # waiting ahead of it) goes in without making its ItemColumns, if the rate
+            # limiter admits it now; otherwise it waits like any other (below).
+            try:
+                _writing.insert_uniform_refs(rows, plan, column_refs, uids, prio, 0.0)
+                return
+            except errors.DeadlineExceededError:
+                pass
+        columns = [_writing.ItemColumn(refs, squeeze, source)
+                   for refs, (source, _, squeeze) in zip(column_refs, shape)]
         if plan is None:
             plan = _writing.plan_item(rows, treedef, columns, paths, (treedef, tuple(shape)))
         self._pending.add(rows, plan, columns, prio, uids or None)

@@ -207,9 +207,21 @@ class Writer:
                 "step(s) appended.")
         num_timesteps = int(num_timesteps)
         steps = list(itertools.islice(self._steps, len(self._steps) - num_timesteps, None))
+        planned = self._plans.get((table, num_timesteps))
+        if planned is not None and planned[1].uniform and not self._pending:
+            # The usual item: planned before, every column over the same steps, nothing
+            # waiting ahead of it. Inserted straight from the steps if the rate limiter
+            # admits it now; otherwise it waits like any other (below).
+            rows, plan = planned
+            prio = _writing.check_priority(rows.engine, priority)
+            try:
+                _writing.insert_uniform_steps(rows, plan, steps,
+                                              [step[0].uid for step in steps], prio, 0.0)
+                return
+            except errors.DeadlineExceededError:
+                pass
         columns = [_writing.ItemColumn([step[i] for step in steps], False, field)
                    for i, field in enumerate(self._fields)]
-        planned = self._plans.get((table, num_timesteps))
         if planned is None:
             rows = self._rows(table)
             prio = _writing.check_priority(rows.engine, priority)

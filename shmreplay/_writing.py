@@ -131,7 +131,7 @@ class ItemPlan:
                 self.columns.append((stored.store, shared))
         stores = [store for store, _ in self.columns]
         # Items whose columns all read the same steps, each column from a store of its
-        # own, take a shorter path (``insert_uniform``): every column of a step is
+        # own, take a shorter path (``insert_uniform_refs``): every column of a step is
         # written at once, and the writer remembers the step as complete.
         self.uniform = (self.steps and all(shared for _, shared in self.columns)
                         and len(set(stores)) == len(stores))
@@ -239,7 +239,8 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
             if not all([r.uid for r in c.refs] == uids for c in columns[1:]):
                 uids = False
         if uids:
-            return insert_uniform(rows, plan, columns, uids, priority, timeout)
+            return insert_uniform_refs(rows, plan, [column.refs for column in columns], uids,
+                                       priority, timeout)
     # The item's distinct steps: a shared column's steps by uid (rows other items may
     # hold already), a private column's steps each on a new row. ``writes`` lists the
     # values to copy if every row the writer remembers still holds its step.
@@ -304,17 +305,10 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     return _commit(engine, slot, priority, entries, remember)
 
 
-def insert_uniform(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], uids,
-                   priority: float, timeout):
-    """``insert_item`` for a uniform item (``ItemPlan.uniform``): every column reads the
-    steps ``uids``. Returns the new key."""
-    return insert_uniform_refs(rows, plan, [column.refs for column in columns], uids,
-                               priority, timeout)
-
-
 def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, uids, priority: float,
                          timeout):
-    """``insert_uniform`` given the item's steps instead of its columns: ``steps[i]``
+    """``insert_item`` for a uniform item (``ItemPlan.uniform``: every column reads the
+    steps ``uids``), given the item's steps instead of its columns: ``steps[i]``
     holds step ``uids[i]``'s references in column order (a legacy ``Writer``'s steps),
     so no ``ItemColumn`` is made for an item that goes in at once."""
     return _insert_uniform(rows, plan, steps, True, uids, priority, timeout)
@@ -322,8 +316,8 @@ def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, uids, priority:
 
 def insert_uniform_refs(rows: TableRows, plan: ItemPlan, column_refs, uids,
                         priority: float, timeout):
-    """``insert_uniform`` given each column's references (``column_refs[c][i]``: step
-    ``uids[i]`` of column ``c``) instead of ``ItemColumn`` objects."""
+    """``insert_item`` for a uniform item, given each column's references
+    (``column_refs[c][i]``: step ``uids[i]`` of column ``c``). Returns the new key."""
     return _insert_uniform(rows, plan, column_refs, False, uids, priority, timeout)
 
 

@@ -208,32 +208,35 @@ class Writer:
         num_timesteps = int(num_timesteps)
         steps = list(itertools.islice(self._steps, len(self._steps) - num_timesteps, None))
         planned = self._plans.get((table, num_timesteps))
-        if planned is not None and planned[1].uniform and not self._pending:
-            # The usual item: planned before, every column over the same steps, nothing
-            # waiting ahead of it. Inserted straight from the steps if the rate limiter
-            # admits it now; otherwise it waits like any other (below).
-            rows, plan = planned
-            prio = _writing.check_priority(rows.engine, priority)
-            try:
-                _writing.insert_uniform_steps(rows, plan, steps,
-                                              [step[0].uid for step in steps], prio, 0.0)
-                return
-            except errors.DeadlineExceededError:
-                pass
-        columns = [_writing.ItemColumn([step[i] for step in steps], False, field)
-                   for i, field in enumerate(self._fields)]
         if planned is None:
             rows = self._rows(table)
             prio = _writing.check_priority(rows.engine, priority)
+            columns = self._columns(steps)
             plan = _writing.plan_item(rows, self._treedef, columns, self._paths)
             self._plans[(table, num_timesteps)] = (rows, plan)
         else:
             rows, plan = planned
             prio = _writing.check_priority(rows.engine, priority)
+            if plan.uniform and not self._pending:
+                # The usual item: every column over the same steps, nothing waiting ahead
+                # of it. Inserted straight from the steps if the rate limiter admits it
+                # now; otherwise it waits like any other (below).
+                try:
+                    _writing.insert_uniform_steps(rows, plan, steps,
+                                                  [step[0].uid for step in steps], prio, 0.0)
+                    return
+                except errors.DeadlineExceededError:
+                    pass
+            columns = self._columns(steps)
         if self._max_in_flight is not None and len(self._pending) >= self._max_in_flight:
             self._pending.drain(None, leave=self._max_in_flight - 1)  # room for this one
         self._pending.add(rows, plan, columns, prio,
                           [step[0].uid for step in steps])
+
+    def _columns(self, steps):
+        """An item's ``ItemColumn``s over ``steps`` (one per field)."""
+        return [_writing.ItemColumn([step[i] for step in steps], False, field)
+                for i, field in enumerate(self._fields)]
 
     def _rows(self, table):
         rows = self._tables.get(table)

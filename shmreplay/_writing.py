@@ -25,6 +25,8 @@ _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
 _NO_ROW = -1
 _UNKNOWN = object()
+# numpy scalar types: immutable, so a writer keeps such a value without copying it.
+NUMPY_SCALARS = frozenset(np.sctypeDict.values())
 
 
 
@@ -119,7 +121,8 @@ class ItemPlan:
     """How items of one shape go into one table: per column, its store and whether its
     steps are shared with other items (the store holds the field the column reads)."""
 
-    __slots__ = ("steps", "columns", "uniform", "full_mask", "_uniform_refs")
+    __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "_uniform_refs",
+                 "_scratch")
 
     def __init__(self, storage, columns: List[ItemColumn]):
         self.steps = storage.steps
@@ -136,7 +139,9 @@ class ItemPlan:
         self.uniform = (self.steps and all(shared for _, shared in self.columns)
                         and len(set(stores)) == len(stores))
         self.full_mask = sum(1 << store for store in stores)
+        self.stores = stores
         self._uniform_refs = {}
+        self._scratch = {}
 
     def uniform_refs(self, length: int) -> np.ndarray:
         """``ref_steps`` of a uniform item of ``length`` steps: each column reads 0..n-1."""
@@ -145,6 +150,18 @@ class ItemPlan:
             refs = self._uniform_refs[length] = np.tile(
                 np.arange(length, dtype=np.int64), len(self.columns))
         return refs
+
+    def scratch(self, length: int):
+        """Arrays a uniform item of ``length`` steps reserves with, reused by every such
+        item (a writer is used by one thread): ``(known rows, known generations,
+        out, out rows, out fresh)``, where ``out`` is the rows then the fresh flags."""
+        arrays = self._scratch.get(length)
+        if arrays is None:
+            known = np.empty(2 * length, np.int64)
+            out = np.empty(2 * length, np.int64)
+            arrays = self._scratch[length] = (known[:length], known[length:], out,
+                                              out[:length], out[length:])
+        return arrays
 
 
 def plan_key(treedef, columns: List[ItemColumn]):
@@ -305,13 +322,13 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     return _commit(engine, slot, priority, entries, remember)
 
 
-def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, uids, priority: float,
-                         timeout):
+def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float, timeout):
     """``insert_item`` for a uniform item (``ItemPlan.uniform``: every column reads the
-    steps ``uids``), given the item's steps instead of its columns: ``steps[i]``
-    holds step ``uids[i]``'s references in column order (a legacy ``Writer``'s steps),
-    so no ``ItemColumn`` is made for an item that goes in at once."""
-    return _insert_uniform(rows, plan, steps, True, uids, priority, timeout)
+    same steps), given the item's steps instead of its columns: ``steps[i]`` is
+    ``(uid, values in column order)`` (a legacy ``Writer``'s steps), so no
+    ``ItemColumn`` or ``StepRef`` is made for an item that goes in at once."""
+    return _insert_uniform(rows, plan, [step[1] for step in steps], True,
+                           [step[0] for step in steps], priority, timeout)
 
 
 def insert_uniform_refs(rows: TableRows, plan: ItemPlan, column_refs, uids,
@@ -322,35 +339,48 @@ def insert_uniform_refs(rows: TableRows, plan: ItemPlan, column_refs, uids,
 
 
 def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, timeout):
-    # ``refs[i][c]`` (``by_step``) or ``refs[c][i]``: step i's reference in column c.
+    # ``by_step``: ``refs[i][c]`` is step i's value in column c; otherwise ``refs[c][i]``
+    # is step i's reference in column c.
     engine = rows.engine
     entries = rows.entries
     full = plan.full_mask
     n = len(uids)
-    known = [_NO_ROW] * (2 * n)  # rows, then generations
-    complete = [False] * n       # the remembered row holds every column of the step
+    known_rows, known_gens, out, out_rows, out_fresh = plan.scratch(n)
+    complete = [False] * n  # the remembered row holds every column of the step
     for i, uid in enumerate(uids):
         entry = entries.get(uid)
-        if entry is not None:
-            known[i] = entry[0]
-            known[n + i] = entry[1]
+        if entry is None:
+            known_rows[i] = _NO_ROW
+            known_gens[i] = _NO_ROW
+        else:
+            known_rows[i] = entry[0]
+            known_gens[i] = entry[1]
             complete[i] = entry[2] == full
-    slot, got_rows, fresh = _reserve(engine, known, plan.uniform_refs(n), timeout)
+    ref_steps = plan.uniform_refs(n)
+    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_steps, _PID[0],
+                                0, 0, out_rows, out_fresh, _SCRATCH_IO)
+    if slot < 0:  # blocked (or not mapped yet): the engine waits, maps, or explains
+        slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_steps, timeout)
+        got_rows, fresh = got_rows.tolist(), fresh.tolist()
+    else:
+        got = out.tolist()
+        got_rows, fresh = got[:n], got[n:]
     remember = []
     try:
-        stores = engine.columns
+        columns = engine.columns
+        generations = engine.rows
         for i in range(n):
             if complete[i] and not fresh[i]:
                 continue
             row = got_rows[i]
             if by_step:
-                for (store, _), ref in zip(plan.columns, refs[i]):
-                    stores[store][row] = ref.value
+                for store, value in zip(plan.stores, refs[i]):
+                    columns[store][row] = value
             else:
-                for (store, _), column_refs in zip(plan.columns, refs):
-                    stores[store][row] = column_refs[i].value
+                for store, column_refs in zip(plan.stores, refs):
+                    columns[store][row] = column_refs[i].value
             # Read while the reservation holds the row (see ``insert_item``).
-            remember.append((uids[i], [row, int(engine.rows[row, L.R_GEN]), full]))
+            remember.append((uids[i], [row, generations.item(row, L.R_GEN), full]))
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise

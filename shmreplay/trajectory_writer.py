@@ -108,11 +108,15 @@ class TrajectoryColumn:
                 f"TrajectoryColumn{f' {self._path}' if self._path is not None else ''}: a "
                 "data reference expired (older than num_keep_alive_refs).")
         if self._squeeze:
-            return self._refs[0].value.copy()
+            return np.array(self._refs[0].value)  # a copy, as an array
         return np.stack([ref.value for ref in self._refs])
 
     def __repr__(self):
         return f"TrajectoryColumn(len={len(self)}, squeeze={self._squeeze}, path={self._path})"
+
+
+_ONLY_COLUMNS = {TrajectoryColumn}
+_new_column = object.__new__
 
 
 class _ColumnHistory:
@@ -164,9 +168,16 @@ class _ColumnHistory:
             if (type(first) is int and index.stop is None and index.step is None
                     and -len(refs) <= first < 0):
                 # ``[-n:]``, the usual recent window: straight from the kept refs.
-                window = list(itertools.islice(refs, len(refs) + first, None))
+                kept = len(refs)
+                window = (list(refs) if first == -kept
+                          else list(itertools.islice(refs, kept + first, None)))
                 if None not in window:
-                    return TrajectoryColumn._trusted(window, False, self.path, window=True)
+                    column = _new_column(TrajectoryColumn)
+                    column._refs = window
+                    column._squeeze = False
+                    column._path = self.path
+                    column._window = True
+                    return column
             start = self.start
             first, stop, stride = index.indices(start + len(self.refs))
             if stride == 1 and first >= start:  # the usual recent window
@@ -280,6 +291,8 @@ class TrajectoryWriter:
             kind = type(leaf)
             if kind is np.ndarray:
                 value = leaf.copy()  # the caller may reuse its array
+            elif kind in _writing.NUMPY_SCALARS:
+                value = leaf  # immutable: kept as is
             elif kind in _PY_DTYPES:
                 value = np.asarray(leaf, _PY_DTYPES[kind])
             elif isinstance(leaf, _CONTAINERS):
@@ -432,7 +445,7 @@ class TrajectoryWriter:
         if known is not None:  # a dict with the keys of an earlier trajectory
             keys, treedef, paths = known
             leaves = [trajectory[key] for key in keys]
-            if not all(type(leaf) is TrajectoryColumn for leaf in leaves):
+            if set(map(type, leaves)) != _ONLY_COLUMNS:
                 leaves = None  # nested, or invalid: the general path explains
         if leaves is None:
             leaves, treedef = specs.flatten(trajectory)

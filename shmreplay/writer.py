@@ -51,7 +51,9 @@ class Writer:
         self._client = client
         self._max_length = int(max_sequence_length)
         self._max_in_flight = max_in_flight_items
-        self._steps = collections.deque(maxlen=self._max_length)  # each: list of StepRef
+        # Each step: (uid, values in field order). StepRefs are made only for items
+        # that take the general path (``_columns``).
+        self._steps = collections.deque(maxlen=self._max_length)
         self._treedef = None
         self._paths = None
         self._fields = None
@@ -85,9 +87,13 @@ class Writer:
             try:
                 for key, first in zip(keys, self._first):
                     leaf = data[key]
-                    if type(leaf) is np.ndarray and leaf.shape == first.shape and (
+                    kind = type(leaf)
+                    if kind is np.ndarray and leaf.shape == first.shape and (
                             leaf.dtype is first.dtype or leaf.dtype == first.dtype):
                         values.append(leaf.copy())
+                    elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
+                          and leaf.dtype == first.dtype):
+                        values.append(leaf)  # immutable: no copy needed
                     elif isinstance(leaf, _SCALARS) and first.shape == ():
                         values.append(np.array(leaf, dtype=first.dtype if type(leaf) in
                                                _PY_SCALARS else None))
@@ -175,9 +181,7 @@ class Writer:
             # feeding one table share its stores.
             self._fields = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
             self._flat_keys = _writing.flat_dict_keys(treedef)
-        uid = next(self._uids)
-        self._steps.append([_writing.StepRef(uid, 0, field, value)
-                            for field, value in zip(self._fields, values)])
+        self._steps.append((next(self._uids), values))
         self._appended += 1
         if self._pending:
             self._pending.drain(0.0)
@@ -222,20 +226,19 @@ class Writer:
                 # of it. Inserted straight from the steps if the rate limiter admits it
                 # now; otherwise it waits like any other (below).
                 try:
-                    _writing.insert_uniform_steps(rows, plan, steps,
-                                                  [step[0].uid for step in steps], prio, 0.0)
+                    _writing.insert_uniform_steps(rows, plan, steps, prio, 0.0)
                     return
                 except errors.DeadlineExceededError:
                     pass
             columns = self._columns(steps)
         if self._max_in_flight is not None and len(self._pending) >= self._max_in_flight:
             self._pending.drain(None, leave=self._max_in_flight - 1)  # room for this one
-        self._pending.add(rows, plan, columns, prio,
-                          [step[0].uid for step in steps])
+        self._pending.add(rows, plan, columns, prio, [uid for uid, _ in steps])
 
     def _columns(self, steps):
         """An item's ``ItemColumn``s over ``steps`` (one per field)."""
-        return [_writing.ItemColumn([step[i] for step in steps], False, field)
+        return [_writing.ItemColumn([_writing.StepRef(uid, 0, field, values[i])
+                                     for uid, values in steps], False, field)
                 for i, field in enumerate(self._fields)]
 
     def _rows(self, table):
@@ -245,7 +248,7 @@ class Writer:
         return rows
 
     def _forget_old_rows(self):
-        oldest = self._steps[0][0].uid if self._steps else next(self._uids)
+        oldest = self._steps[0][0] if self._steps else next(self._uids)
         for _, _, columns, _, _ in self._pending.items:
             oldest = min(oldest, columns[0].refs[0].uid)
         for rows in self._tables.values():

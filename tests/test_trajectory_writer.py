@@ -200,6 +200,21 @@ def test_history_numpy_values():
                                                     for x in range(max(0, i - 2), i + 1)]))
 
 
+def test_numpy_scalar_fields_read_back_as_arrays():
+    # numpy scalars are kept without a copy (they are immutable); reading them back
+    # still gives arrays of the field's dtype.
+    with serve() as (server, client), trajectory_writer(client, 3) as writer:
+        for i in range(3):
+            writer.append({"r": np.float32(i) / 2, "n": np.int16(i)})
+        squeezed = writer.history["r"][-1].numpy()
+        assert type(squeezed) is np.ndarray and squeezed.shape == () and squeezed == 1.0
+        assert squeezed.dtype == np.float32
+        window = writer.history["n"][-3:].numpy()
+        assert window.dtype == np.int16 and window.tolist() == [0, 1, 2]
+        with pytest.raises(errors.SchemaError, match="dtype"):
+            writer.append({"r": np.float64(1.0), "n": np.int16(3)})
+
+
 def test_python_scalars_become_int64_float64_and_bool():
     with serve() as (server, client), trajectory_writer(client, 5) as writer:
         writer.append({"i": 3, "f": 1.5, "b": True})

@@ -351,6 +351,9 @@ def test_schema_changes_between_steps_raise_schema_error_naming_the_column():
             with pytest.raises(errors.SchemaError) as excinfo:   # dtype change, other column
                 writer.append({"pos": np.int32(92), "velocity": np.zeros(2, np.float32)})
             assert "pos" in str(excinfo.value)
+            with pytest.raises(errors.SchemaError) as excinfo:   # a scalar for an array
+                writer.append({"pos": np.int64(95), "velocity": np.float32(0.0)})
+            assert "velocity" in str(excinfo.value) and "shape" in str(excinfo.value)
             with pytest.raises(errors.SchemaError):              # a field is missing
                 writer.append({"pos": np.int64(93)})
             with pytest.raises(errors.SchemaError):              # an extra field

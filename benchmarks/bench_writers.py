@@ -20,6 +20,10 @@ shmreplay Writer, 3-step   the same with ``create_item(table, 3, 1.0)`` (items o
 shmreplay TrajectoryWriter ``tw = client.trajectory_writer(3)``; ``tw.append(step)`` +
                            ``tw.create_item(table, 1.0, {k: tw.history[k][-3:] for k in step})``
 shmreplay Client.insert    ``client.insert(step, {table: 1.0})`` (whole 1-step items; reference)
+mechanism floor            what any writer of 1-step items must do, with none of the API's
+                           checks or bookkeeping (private calls): one native call that
+                           reserves a slot and a row, ``column[row] = step[k]`` per
+                           field, one native call that commits
 cpprb add                  ``ReplayBuffer(N, env_dict).add(**step)``
 cpprb add, next_of         ``ReplayBuffer(..., next_of=("obs",))``; the step plus next_obs
                            (stored once: cpprb's memory saving for overlapping data)
@@ -82,7 +86,8 @@ SMALL_TARGET_US = 20.0
 FRAMES_TARGET_RATIO = 2.0
 ISSUE_REVERB_US = 290.0
 REVERB_BLOCK = 200
-TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "insert": "insert"}
+TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "insert": "insert",
+          "floor": "floor"}
 LIBS = ("numpy", "shmreplay", "cpprb", "reverb")
 
 # case key -> (library, label), in print order
@@ -92,6 +97,7 @@ CASES = {
     "shm_legacy3": ("shmreplay", "shmreplay Writer(3), 3-step items"),
     "shm_traj3": ("shmreplay", "shmreplay TrajectoryWriter(3), 3-step items"),
     "shm_insert": ("shmreplay", "shmreplay Client.insert (whole 1-step item)"),
+    "shm_floor": ("shmreplay", "mechanism floor: reserve, row copies, commit"),
     "cpprb_add": ("cpprb", "cpprb add"),
     "cpprb_next_of": ("cpprb", "cpprb add, next_of=obs"),
     "cpprb_stack": ("cpprb", "cpprb add, next_of + stack_compress=obs"),
@@ -200,7 +206,41 @@ def shm_case(key, client, steps):
         def insert_one():
             insert(nxt(), prio)
         return insert_one, None
+    if key == "shm_floor":
+        return floor_case(client, steps, nxt)
     raise KeyError(key)
+
+
+def floor_case(client, steps, nxt):
+    """The mechanism alone (private API): reserve a slot and a fresh row, copy the step's
+    fields into the row, commit. A writer's first item defines the table's storage."""
+    from shmreplay._kernels import table as kernels
+    table = TABLES["floor"]
+    with client.writer(1) as w:
+        w.append(steps[0])
+        w.create_item(table, 1, 1.0)
+        _, plan = w._plans[(table, 1)]
+        keys = [field[0] for field in w._fields]
+    engine = client._engine(table)
+    arrays = engine.arrays
+    targets = [(key, engine.columns[store]) for key, store in zip(keys, plan.stores)]
+    known_rows, known_gens = np.full(1, -1, np.int64), np.full(1, -1, np.int64)
+    ref_steps = plan.uniform_refs(1)
+    out_rows, out_fresh = np.empty(1, np.int64), np.empty(1, np.int64)
+    io, prob = np.zeros(3, np.int64), np.empty(2, np.float64)
+    pid = os.getpid()
+
+    def floor():
+        step = nxt()
+        slot = kernels.reserve_item(*arrays, known_rows, known_gens, ref_steps, pid, 0, 0,
+                                    out_rows, out_fresh, io)
+        if slot < 0:
+            raise RuntimeError(f"floor case: reserve_item returned {slot}")
+        row = int(out_rows[0])
+        for key, column in targets:
+            column[row] = step[key]
+        kernels.commit_one(*arrays, slot, 1.0, prob)
+    return floor, None
 
 
 def cpprb_case(key, cpprb, ds, steps, next_obs):
@@ -400,7 +440,7 @@ def run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors):
     if "numpy" in libs:
         keys.append("raw")
     if shm is not None:
-        keys += ["shm_legacy1", "shm_legacy3", "shm_traj3", "shm_insert"]
+        keys += ["shm_legacy1", "shm_legacy3", "shm_traj3", "shm_insert", "shm_floor"]
     if cpprb is not None:
         keys += ["cpprb_add", "cpprb_next_of"] + (["cpprb_stack"] if dname == "frames" else [])
         keys.append("cpprb_nstep")

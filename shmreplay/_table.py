@@ -994,8 +994,10 @@ class TableEngine:
     def info(self) -> TableInfo:
         c = self.counters()
         self.has_columns()
-        info = _make_info(self.config, self.signature if self.signature is not None
-                          else self.config.signature, c)
+        # The configured signature, as Reverb reports it (it may describe one step of
+        # a legacy Writer's items); else what the first item fixed.
+        info = _make_info(self.config, self.config.signature if self.config.signature
+                          is not None else self.signature, c)
         if self.storage is not None:
             stored = c[L.C_ROWS_LIVE] if self.storage.steps else c[L.C_SIZE] + c[L.C_PENDING]
             info = dataclasses.replace(

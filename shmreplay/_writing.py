@@ -171,13 +171,16 @@ def plan_key(treedef, columns: List[ItemColumn]):
 
 
 def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[str],
-              key=None) -> ItemPlan:
+              key=None, per_step: bool = False) -> ItemPlan:
     """Validates an item for ``rows.engine`` (defining the table's storage if this is its
     first item) and returns how to store it.
 
     A writer fixes each field's dtype and shape at its first value, so an item's specs
     follow from its structure and, per column, the field, length and squeeze: checked
     once per such shape.
+
+    ``per_step``: the legacy ``Writer``'s items, which may match a table signature per
+    step (``obs: [4]`` for items whose ``obs`` is ``[T, 4]``), as in Reverb.
 
     Raises:
       SchemaError: if the item's structure, shapes or dtypes differ from the table's.
@@ -188,18 +191,23 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
     if plan is not None:
         return plan
     engine = rows.engine
-    proposal = validate_item(engine, treedef, columns, paths)
+    proposal = validate_item(engine, treedef, columns, paths, per_step)
     if proposal is not None:
         engine.define_storage(proposal)
-        validate_item(engine, treedef, columns, paths)
+        validate_item(engine, treedef, columns, paths, per_step)
     plan = ItemPlan(engine.storage, columns)
     if all(c.source is not None for c in columns):  # mixed columns: checked every time
         rows.plans[key] = plan
     return plan
 
 
-def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str]):
+def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str],
+                  per_step: bool = False):
     """Checks an item against the table's items; returns the storage to define, or None.
+
+    Before the table stores anything, its signature decides; with ``per_step`` a column
+    of ``T`` steps also matches a signature spec of one step. The first item then fixes
+    ``T`` for the table.
 
     Raises:
       SchemaError: if the item's structure, shapes or dtypes differ from the table's.
@@ -215,8 +223,12 @@ def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str]):
             raise errors.SchemaError(
                 f"Table '{table}': the item's structure {treedef} does not match the "
                 f"table's {expected_treedef}.")
-        for spec, want, path in zip(got, expected_specs, paths):
+        by_signature = per_step and not engine.has_columns()
+        for spec, want, path, column in zip(got, expected_specs, paths, columns):
             if spec.shape != want.shape or spec.dtype != want.dtype:
+                if (by_signature and spec.dtype == want.dtype and not column.squeeze
+                        and spec.shape[1:] == want.shape):
+                    continue  # the signature describes one step of the sequence
                 raise errors.SchemaError(
                     f"Table '{table}', column {path}: the item has {spec.dtype}"
                     f"{list(spec.shape)}, the table's items have {want.dtype}{list(want.shape)}.")
@@ -464,18 +476,23 @@ def _insert_whole(engine, columns, priority, timeout):
 
 
 class PendingItems:
-    """Items created but not yet admitted by their table's rate limiter, in order."""
+    """Items created but not yet admitted by their table's rate limiter.
+
+    Items of one table go in in creation order; a table that refuses does not hold back
+    the items of other tables (as Reverb's server queues blocked inserts per table).
+    """
 
     def __init__(self):
-        self.items = collections.deque()
+        self.items = collections.deque()  # (rows, plan, columns, priority, uids)
 
     def __len__(self):
         return len(self.items)
 
     def add(self, rows: TableRows, plan: ItemPlan, columns, priority: float, uids=None):
-        """Inserts the item now if it and every earlier one can go in without waiting;
-        otherwise keeps it for later. ``uids``: as in ``insert_item``."""
-        if not self.items:
+        """Inserts the item now if no earlier item of its table waits and it can go in
+        without waiting; otherwise keeps it for later. ``uids``: as in ``insert_item``."""
+        engine = rows.engine
+        if not any(item[0].engine is engine for item in self.items):
             try:
                 insert_item(rows, plan, columns, priority, 0.0, uids)
                 return
@@ -485,18 +502,44 @@ class PendingItems:
         self.drain(0.0)
 
     def drain(self, timeout: Optional[float], leave: int = 0):
-        """Inserts waiting items in order until at most ``leave`` remain.
+        """Inserts waiting items until at most ``leave`` remain.
 
         ``timeout`` bounds the whole call (None: wait as long as needed, 0: only what
         goes in at once). Returns True when done; False if the time ran out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(self.items) > leave:
-            rows, plan, columns, priority, uids = self.items[0]
+            self._insert_admitted()
+            if len(self.items) <= leave:
+                break
+            # Wait for the oldest item's table; the others are retried after it.
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if remaining == 0.0:
+                return False
+            rows, plan, columns, priority, uids = self.items[0]
             try:
                 insert_item(rows, plan, columns, priority, remaining, uids)
             except errors.DeadlineExceededError:
                 return False
             self.items.popleft()
         return True
+
+    def _insert_admitted(self):
+        """One pass without waiting: each table's items in order, until one is refused."""
+        refused = set()
+        inserted = set()
+        try:
+            for item in self.items:
+                rows, plan, columns, priority, uids = item
+                if id(rows.engine) in refused:
+                    continue
+                try:
+                    insert_item(rows, plan, columns, priority, 0.0, uids)
+                except errors.DeadlineExceededError:
+                    refused.add(id(rows.engine))
+                    continue
+                inserted.add(id(item))
+        finally:  # even if an insert failed otherwise, forget the items that went in
+            if inserted:
+                self.items = collections.deque(
+                    item for item in self.items if id(item) not in inserted)

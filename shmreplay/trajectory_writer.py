@@ -116,6 +116,7 @@ class TrajectoryColumn:
 
 
 _ONLY_COLUMNS = {TrajectoryColumn}
+_NO_FLUSH_ON = (errors.DeadlineExceededError, errors.BufferBrokenError, errors.ClosedError)
 _new_column = object.__new__
 
 
@@ -309,8 +310,6 @@ class TrajectoryWriter:
         uid = self._next_uid
         if uid is None:
             uid = self._next_uid = next(self._uids)
-        if self._root is None:  # history was cleared since this structure was seen
-            self._root = _merge_structure(None, data)
         columns = self._columns
         history_steps = self._history_steps
         episode = self._episode
@@ -457,6 +456,9 @@ class TrajectoryWriter:
                     raise TypeError(
                         f"create_item: every leaf of the trajectory must be a "
                         f"TrajectoryColumn, got {type(leaf).__name__}.")
+            if len(specs.optree.tree_leaves(trajectory, none_is_leaf=True)) != len(leaves):
+                raise TypeError("create_item: every leaf of the trajectory must be a "
+                                "TrajectoryColumn, got None.")
             keys = _writing.flat_dict_keys(treedef) if type(trajectory) is dict else None
             if keys is not None:
                 self._item_layouts[tuple(trajectory)] = (keys, treedef, paths)
@@ -580,10 +582,11 @@ class TrajectoryWriter:
             self._open = None
             self._next_uid = None
             if clear_buffers:
+                # Like Reverb, `history` keeps its structure, with every column empty.
                 for column in self._columns.values():
                     column.expire_all()
-                self._columns = {}
-                self._root = None
+                self._columns = {path: _ColumnHistory(path, column.keep)
+                                 for path, column in self._columns.items()}
                 self._history = None
                 self._history_steps = 0
             self._forget_old_rows()
@@ -609,9 +612,10 @@ class TrajectoryWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        # Like Reverb: flush unless the failure came from the library itself (a flush
-        # would likely fail, or block, the same way).
-        if exc_type is None or not issubclass(exc_type, errors.ShmReplayError):
+        # Like Reverb: flush, unless a call timed out (a flush would block the same way)
+        # or the buffer is gone. Bad input (SchemaError, InvalidPriorityError, ...) is no
+        # reason to drop the items that wait.
+        if exc_type is None or not issubclass(exc_type, _NO_FLUSH_ON):
             if not self._closed:
                 self.flush()
 

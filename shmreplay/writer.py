@@ -94,12 +94,12 @@ class Writer:
                     elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
                           and leaf.dtype == first.dtype):
                         values.append(leaf)  # immutable: no copy needed
-                    elif isinstance(leaf, _SCALARS) and first.shape == ():
-                        values.append(np.array(leaf, dtype=first.dtype if type(leaf) in
-                                               _PY_SCALARS else None))
-                        if values[-1].dtype != first.dtype:
+                    elif kind in _PY_SCALARS and first.shape == ():
+                        value = _from_python(leaf, first.dtype)
+                        if value is None:
                             values = None
                             break
+                        values.append(value)
                     else:
                         values = None
                         break
@@ -160,7 +160,15 @@ class Writer:
                 "the same).")
         values = []
         for leaf, first, path in zip(leaves, self._first, self._paths):
-            value = np.array(leaf, dtype=first.dtype if _is_python_scalar(leaf) else None)
+            if type(leaf) in _PY_SCALARS:
+                value = _from_python(leaf, first.dtype)
+                if value is None:
+                    raise errors.SchemaError(
+                        f"Writer, column {path}: expected dtype {first.dtype} (as the first "
+                        f"step), got Python {type(leaf).__name__} {leaf!r}, which "
+                        f"{first.dtype} cannot hold exactly.")
+            else:
+                value = np.array(leaf)
             if value.dtype != first.dtype:
                 raise errors.SchemaError(
                     f"Writer, column {path}: expected dtype {first.dtype} (as the first "
@@ -216,7 +224,8 @@ class Writer:
             rows = self._rows(table)
             prio = _writing.check_priority(rows.engine, priority)
             columns = self._columns(steps)
-            plan = _writing.plan_item(rows, self._treedef, columns, self._paths)
+            plan = _writing.plan_item(rows, self._treedef, columns, self._paths,
+                                      per_step=True)
             self._plans[(table, num_timesteps)] = (rows, plan)
         else:
             rows, plan = planned
@@ -301,9 +310,17 @@ class Writer:
 
 
 _PY_SCALARS = (bool, int, float)
-_SCALARS = (bool, int, float, np.generic)
+# The dtype kinds a Python scalar may be stored as: exactly, never truncated.
+_PY_KINDS = {bool: "b", int: "iufc", float: "fc"}
 
 
-def _is_python_scalar(leaf):
-    return type(leaf) in _PY_SCALARS
+def _from_python(leaf, dtype: np.dtype):
+    """``leaf`` (a Python bool, int or float) as a 0-d array of ``dtype``, or None if
+    ``dtype`` cannot hold it exactly (a float in an int column, an int out of range)."""
+    if dtype.kind not in _PY_KINDS[type(leaf)]:
+        return None
+    try:
+        return np.array(leaf, dtype)
+    except OverflowError:
+        return None
 

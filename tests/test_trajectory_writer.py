@@ -480,6 +480,11 @@ def test_create_item_checks_type_of_leaves():
                                           "y": writer.history["y"][:].numpy()})
         with pytest.raises(TypeError):
             writer.create_item("q", 1.0, {"x": writer.history["x"][0], "y": 2})
+        with pytest.raises(TypeError, match="got None"):  # Reverb: TypeError too
+            writer.create_item("q", 1.0, {"x": writer.history["x"][0], "y": None})
+        with pytest.raises(TypeError, match="got None"):
+            writer.create_item("q", 1.0, {"x": writer.history["x"][0],
+                                          "y": [writer.history["y"][:], None]})
         writer.flush(timeout_ms=1000)
         assert size(client) == 1
 
@@ -625,7 +630,12 @@ def test_end_episode_clear_buffers_clears_history():
     with serve() as (server, client), trajectory_writer(client, 10) as writer:
         for i in range(3):
             writer.append({"x": i})
+        old = writer.history["x"][-2:]
         writer.end_episode(clear_buffers=True, timeout_ms=1000)
+        # Like Reverb: the structure stays, each column empty; old references expired.
+        assert len(writer.history["x"]) == 0 and writer.history["x"][:].shape == (0,)
+        with pytest.raises(RuntimeError, match="expired"):
+            old.numpy()
         writer.append({"x": 10})
         column = writer.history["x"][:]
         assert len(column) == 1
@@ -720,6 +730,22 @@ def sample_two_in_background(client):
     return Background(lambda: [one(client, timeout=5)["x"].tolist() for _ in range(2)])
 
 
+def test_a_refusing_table_does_not_hold_back_items_of_other_tables():
+    # Reverb queues refused inserts per table; items of other tables keep going in.
+    free = shmreplay.Table("u", sampler=selectors.Uniform(), remover=selectors.Fifo(),
+                           max_size=100, rate_limiter=rate_limiters.MinSize(1))
+    with serve(queue("q", 1), free) as (server, client), \
+            trajectory_writer(client, 1) as writer:
+        for i in range(5):
+            writer.append({"x": i})
+            writer.create_item("q", 1.0, {"x": writer.history["x"][-1:]})
+            writer.create_item("u", 1.0, {"x": writer.history["x"][-1:]})
+        assert size(client, "u") == 5 and size(client, "q") == 1
+        assert writer.num_pending_items == 4
+        got = settle(client, writer, "q", expected=5)
+        assert [d["x"].tolist() for d in got] == [[0], [1], [2], [3], [4]]  # q's order kept
+
+
 def test_end_episode_flushes():
     with serve(queue("q", 1)) as (server, client), trajectory_writer(client, 5) as writer:
         one_inserted_one_pending(client, writer)
@@ -748,7 +774,19 @@ def test_exit_flushes_on_other_errors():
         assert sampler.finish(wait=10) == [[0], [1]]
 
 
-def test_exit_does_not_flush_on_shmreplay_error():
+def test_exit_flushes_on_bad_input_errors():
+    # Reverb raises ValueError for a bad priority, and its __exit__ flushes then.
+    with serve(queue("q", 1)) as (server, client), trajectory_writer(client, 5) as writer:
+        with pytest.raises(errors.InvalidPriorityError):
+            with writer:
+                one_inserted_one_pending(client, writer)
+                sampler = sample_two_in_background(client)
+                writer.create_item("q", float("nan"), {"x": writer.history["x"][-1:]})
+        assert sampler.finish(wait=10) == [[0], [1]]
+        assert writer.num_pending_items == 0
+
+
+def test_exit_does_not_flush_on_a_deadline_error():
     with serve(queue("q", 1)) as (server, client), trajectory_writer(client, 5) as writer:
         one_inserted_one_pending(client, writer)
 

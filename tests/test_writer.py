@@ -368,6 +368,64 @@ def test_schema_changes_between_steps_raise_schema_error_naming_the_column():
                                       [[np.zeros(2, np.float32), np.ones(2, np.float32)]])
 
 
+def test_python_scalars_are_stored_only_when_the_column_holds_them_exactly():
+    with serve(queue("q")) as (server, client):
+        with client.writer(4) as writer:
+            writer.append({"action": np.int64(1), "done": False, "k": np.uint8(1),
+                           "reward": np.float32(0.5)})
+            bad = [({"action": 2.7}, "action", "float 2.7"),   # would truncate to 2
+                   ({"done": 5}, "done", "int 5"),              # would become True
+                   ({"k": 300}, "k", "int 300"),                # out of uint8's range
+                   ({"k": -1}, "k", "int -1"),
+                   ({"reward": True}, "reward", "bool True")]
+            for change, column, what in bad:
+                step = {"action": 2, "done": True, "k": 2, "reward": 1.5}
+                step.update(change)
+                with pytest.raises(errors.SchemaError, match=f"'{column}'.*Python {what}"):
+                    writer.append(step)
+            assert writer.num_steps == 1
+            writer.append({"action": 2, "done": True, "k": 2, "reward": 1})  # exact: stored
+            writer.create_item("q", 2, 1.0)
+        s = drain(client, "q")
+        assert {k: np.asarray(v).tolist() for k, v in s.data.items()} == {
+            "action": [[1, 2]], "done": [[False, True]], "k": [[1, 2]], "reward": [[0.5, 1.0]]}
+        assert s.data["k"].dtype == np.uint8 and s.data["reward"].dtype == np.float32
+
+
+def test_python_scalars_in_nested_steps_are_checked_the_same_way():
+    with serve(queue("q")) as (server, client):
+        with client.writer(2) as writer:
+            writer.append((np.int32(1), [0.5]))
+            with pytest.raises(errors.SchemaError, match="Python float 1.9"):
+                writer.append((1.9, [0.25]))
+            writer.append((7, [0.25]))
+            assert writer.num_steps == 2
+
+
+def test_a_table_signature_may_describe_one_step_of_the_items():
+    # Reverb's legacy Writer accepts a signature per step or for the whole [T, ...] item.
+    def signed(name):
+        return shmreplay.Table(name, sampler=selectors.Uniform(), remover=selectors.Fifo(),
+                               max_size=10, rate_limiter=rate_limiters.MinSize(1),
+                               signature={"obs": shmreplay.TensorSpec([4], np.float32)})
+    with serve(signed("per_step"), signed("wrong_dtype")) as (server, client):
+        with client.writer(3) as writer:
+            for i in range(3):
+                writer.append({"obs": np.full(4, i, np.float32)})
+            writer.create_item("per_step", 3, 1.0)
+            with pytest.raises(errors.SchemaError, match=r"\['obs'\].*float32\[3, 4\]"):
+                writer.create_item("per_step", 1, 1.0)  # the first item fixed T = 3
+        with client.writer(3) as writer:
+            writer.append({"obs": np.zeros(4, np.float64)})
+            with pytest.raises(errors.SchemaError, match="obs"):
+                writer.create_item("wrong_dtype", 1, 1.0)
+        s = client.sample_batch("per_step", 1, timeout=1.0)
+        assert s.data["obs"].shape == (1, 3, 4)
+        assert s.data["obs"][0, :, 0].tolist() == [0, 1, 2]
+        assert size(client, "wrong_dtype") == 0
+        assert client.server_info()["per_step"].signature["obs"].shape == (4,)
+
+
 # --------------------------------------------------------------------------------------
 # close and the context manager
 # --------------------------------------------------------------------------------------
@@ -607,6 +665,23 @@ def test_flush_times_out_while_the_rate_limiter_refuses_then_succeeds():
         assert xs(client.sample_batch("q", batch_size=1, timeout=1)) == [[3]]
         writer.close()
         assert client.server_info()["q"].num_inserted == 4
+
+
+def test_a_refusing_table_does_not_hold_back_items_of_other_tables():
+    with serve(queue("q", 1), uniform("u")) as (server, client):
+        writer = client.writer(1, max_in_flight_items=None)
+        for i in range(4):
+            writer.append(step(i))
+            writer.create_item("q", 1, 1.0)
+            writer.create_item("u", 1, 1.0)
+        assert size(client, "u") == 4 and size(client, "q") == 1
+        got = []
+        for _ in range(4):
+            got.append(xs(client.sample_batch("q", 1, timeout=1.0)))
+            with contextlib.suppress(errors.DeadlineExceededError):
+                writer.flush(timeout=0.05)  # puts the next waiting item in
+        assert got == [[[0]], [[1]], [[2]], [[3]]]  # q's order kept
+        writer.close(timeout=1.0)
 
 
 def test_max_in_flight_items_none_never_blocks_create_item():

@@ -5,6 +5,7 @@ results. No offsets, no locks, no numba here.
 """
 
 import os
+import time
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
@@ -86,7 +87,9 @@ class Client:
         Args:
           data: A nest (dict, tuple, list, namedtuple) of numpy arrays, Python or numpy
             scalars, tf.Tensors or jax arrays.
-          priorities: ``{table_name: priority}``; one item goes into each table.
+          priorities: ``{table_name: priority}``; one item goes into each table, all
+            of them or none. While one table's rate limiter makes the call wait, it
+            holds nothing in the others.
           timeout: Seconds to wait for the rate limiter; ``None`` waits forever.
 
         Returns:
@@ -168,10 +171,8 @@ class Client:
             if proposal is not None:  # a table's first item fixes its storage
                 engine.define_storage(proposal)
                 plan[1], _ = _prepare_leaves(engine, leaves, treedef, batched)
-        reserved = []
+        reserved = _reserve_in_every_table([plan[0] for plan in plans], count, timeout)
         try:
-            for engine, _, _, _ in plans:
-                reserved.append(engine.reserve_items(count, timeout))
             for (engine, arrays, _, _), (slots, rows) in zip(plans, reserved):
                 engine.write_items(slots, rows, arrays, batched)
         except BaseException:
@@ -446,6 +447,47 @@ def _to_array(leaf, table, path):
         raise errors.SchemaError(
             f"Table '{table}', column {path}: cannot convert {type(leaf).__name__} to an array.") from exc
     return array
+
+
+def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
+    """``count`` slots in each table (``engine.reserve_items``), all or none.
+
+    Only one table is ever waited on, and nothing is held while waiting: holding one
+    table's slots while waiting for another's rate limiter could deadlock two inserts
+    that name the same tables in other orders. The others are taken without waiting;
+    if one refuses, everything is handed back and that table is waited on next.
+
+    Raises:
+      DeadlineExceededError: ``timeout`` expired; nothing is reserved.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    first = 0
+    while True:
+        reserved = [None] * len(engines)
+        refused = None
+        try:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            reserved[first] = engines[first].reserve_items(count, remaining)
+            for i, engine in enumerate(engines):
+                if reserved[i] is None:
+                    try:
+                        reserved[i] = engine.reserve_items(count, 0.0)
+                    except errors.DeadlineExceededError:
+                        refused = i
+                        break
+        except BaseException:
+            _cancel_reserved(engines, reserved)
+            raise
+        if refused is None:
+            return reserved
+        _cancel_reserved(engines, reserved)
+        first = refused
+
+
+def _cancel_reserved(engines, reserved):
+    for engine, got in zip(engines, reserved):
+        if got is not None:
+            engine.cancel(got[0])
 
 
 def _batch_size(leaves, treedef) -> int:

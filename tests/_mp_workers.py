@@ -169,6 +169,17 @@ def attach_and_insert(name, table, values, queue):
 
 
 @_guard
+def insert_into_tables(name, tables, values, queue):
+    """Inserts each value into every table of ``tables``, in that (dict) order."""
+    import shmreplay
+    with shmreplay.Client(name) as client:
+        queue.put(("ready", None))
+        for v in values:
+            client.insert(np.int64(v), priorities={t: 1.0 for t in tables}, timeout=10)
+    queue.put(("done", len(values)))
+
+
+@_guard
 def insert_with_client(client, table, values, queue):
     import shmreplay
     assert isinstance(client, shmreplay.Client)

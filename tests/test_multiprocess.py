@@ -58,6 +58,32 @@ def test_spawned_child_attaches_by_name_and_its_inserts_are_sampled(buffer_name)
             client.close()
 
 
+def test_an_insert_into_several_tables_holds_none_while_it_waits(buffer_name):
+    # Holding A's slot while waiting for B's rate limiter would deadlock two inserters
+    # that name {A, B} and {B, A}. So a waiting insert holds nothing: here A stays free
+    # for others while a child waits for room in B.
+    tables = [shmreplay.Table.queue("A", 1), shmreplay.Table.queue("B", 1)]
+    with shmreplay.Server(tables, name=buffer_name) as server:
+        client = server.localhost_client()
+        try:
+            client.insert(np.int64(100), {"B": 1.0})  # B is full
+            queue = SPAWN.Queue()
+            child = SPAWN.Process(target=W.insert_into_tables,
+                                  args=(server.name, ("A", "B"), [1], queue))
+            with W.processes(child):
+                W.get(queue, 30, "ready")
+                time.sleep(0.5)  # the child now waits for B
+                client.insert(np.int64(200), {"A": 1.0}, timeout=2)
+                assert client.sample_batch("A", 1, timeout=2).data.tolist() == [200]
+                assert client.sample_batch("B", 1, timeout=2).data.tolist() == [100]
+                # Now the child's item goes into both tables, together.
+                assert client.sample_batch("A", 1, timeout=10).data.tolist() == [1]
+                assert client.sample_batch("B", 1, timeout=10).data.tolist() == [1]
+                assert W.get(queue, 10, "done") == 1
+        finally:
+            client.close()
+
+
 def test_pickled_client_works_in_a_spawned_child(buffer_name):
     with shmreplay.Server([_queue_table(signature=ITEM8)], name=buffer_name) as server:
         client = shmreplay.Client(server.name)

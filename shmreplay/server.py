@@ -2,9 +2,11 @@
 
 There is no server thread: once created, the buffer is used directly by every process
 that attaches with ``Client(name)``. The Server object only owns the buffer's lifetime:
-``stop()``, leaving its ``with`` block, normal interpreter exit, an uncaught exception,
-SIGTERM and SIGINT all remove every segment it created. (A SIGKILLed owner cannot
-clean up; its buffer stays until removed by name.)
+``stop()``, leaving its ``with`` block, normal interpreter exit, an uncaught exception
+(``KeyboardInterrupt`` from Ctrl-C included), and SIGTERM all remove every segment it
+created. A ``KeyboardInterrupt`` the program catches leaves the buffer alone, and so
+does a signal the program handles itself. (A SIGKILLed owner cannot clean up; its
+buffer stays until removed by name.)
 """
 
 import atexit
@@ -123,7 +125,9 @@ class Server:
         _unregister(self)
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Blocks until ``stop()`` is called (from another thread) or SIGINT/SIGTERM."""
+        """Blocks until ``stop()`` is called (from another thread), SIGTERM, or ``timeout``
+        seconds (None: no limit); returns whether the server stopped. Ctrl-C raises
+        ``KeyboardInterrupt``, as in Reverb."""
         return self._stopped.wait(timeout)
 
     @property
@@ -188,7 +192,6 @@ def _checkpoint_to_restore(path, checkpointer):
 
 _live_servers = weakref.WeakSet()
 _hooks_installed = False
-_previous_handlers = {}
 
 
 def _register(server):
@@ -199,12 +202,13 @@ def _register(server):
     _hooks_installed = True
     atexit.register(_stop_all)
     if threading.current_thread() is threading.main_thread():
+        # Only a signal that would kill the process outright (SIG_DFL: SIGTERM, usually)
+        # needs a hook. Python's own SIGINT handler raises KeyboardInterrupt, which either
+        # the program catches (the buffer must survive: think of Jupyter's interrupt) or
+        # ends the interpreter through atexit. A handler the program installed is its own.
         for signum in (signal.SIGTERM, signal.SIGINT):
-            previous = signal.getsignal(signum)
-            if previous in (signal.SIG_IGN, None):
-                continue
-            _previous_handlers[signum] = previous
-            signal.signal(signum, _on_signal)
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _on_signal)
 
 
 def _unregister(server):
@@ -221,10 +225,6 @@ def _stop_all():
 
 def _on_signal(signum, frame):
     _stop_all()
-    previous = _previous_handlers.get(signum, signal.SIG_DFL)
-    if callable(previous):
-        previous(signum, frame)
-        return
-    # Default action: die by the same signal, so the exit status stays honest.
+    # Then the default action: die by the same signal, so the exit status stays honest.
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

@@ -201,6 +201,40 @@ def test_owner_killed_by_signal_removes_every_segment(buffer_name, signum):
         proc.join(5)
 
 
+def test_a_caught_ctrl_c_or_a_handled_sigterm_leaves_the_buffer_alone(buffer_name):
+    # A notebook's "interrupt" is a SIGINT the kernel catches; a trainer may handle
+    # SIGTERM to save its work. Neither may cost the owner its buffer; exiting still
+    # removes it.
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        sys.path.insert(0, sys.argv[2])
+        import numpy as np
+        import _mp_workers
+        handled = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: handled.append(signum))
+        server = _mp_workers.make_server(sys.argv[1])
+        client = server.localhost_client()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("handled", handled == [signal.SIGTERM], flush=True)
+        client.insert({"x": np.ones(8)}, priorities={"signed": 1.0}, timeout=1)
+        print("size", client.server_info()["signed"].current_size, flush=True)
+        print("stopped", server.stopped, flush=True)
+    """)
+    tests_dir = os.path.dirname(os.path.abspath(W.__file__))
+    result = subprocess.run([sys.executable, "-c", script, buffer_name, tests_dir],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:4] == ["interrupted", "handled True", "size 2",
+                                             "stopped False"], result.stdout
+    assert _all_removed(buffer_name), _segments(buffer_name)  # removed at exit
+
+
 def test_sigkilled_owner_leaves_its_segments_behind(buffer_name):
     proc, _ = _run_owner(W.owner_waits, buffer_name)
     try:

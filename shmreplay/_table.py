@@ -23,7 +23,7 @@ from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
 from shmreplay.replay_sample import (
-    RateLimiterCallStats, RateLimiterInfo, ReplaySample, SampleInfo, TableInfo)
+    RateLimiterCallStats, RateLimiterInfo, ReplaySample, SampleInfo, SelectorOptions, TableInfo)
 
 _RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
 
@@ -1067,8 +1067,8 @@ def _make_info(config, signature, c) -> TableInfo:
     limiter = config.rate_limiter
     return TableInfo(
         name=config.name,
-        sampler_options=config.sampler.options,
-        remover_options=config.remover.options,
+        sampler_options=SelectorOptions(config.sampler.options),
+        remover_options=SelectorOptions(config.remover.options),
         max_size=config.max_size,
         max_times_sampled=config.max_times_sampled,
         rate_limiter_info=RateLimiterInfo(

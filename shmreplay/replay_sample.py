@@ -107,13 +107,36 @@ class RateLimiterInfo:
     delete_stats: RateLimiterCallStats
 
 
+class SelectorOptions(dict):
+    """A selector's description: a dict whose keys also read as attributes, as
+    Reverb's ``KeyDistributionOptions`` do (``options.prioritized.priority_exponent``).
+
+    A selector flag the options do not hold (``options.fifo`` of a Uniform sampler)
+    reads as False, as an unset proto field does.
+    """
+
+    __slots__ = ()
+    _FLAGS = frozenset(("uniform", "fifo", "lifo"))
+
+    def __getattr__(self, name):
+        try:
+            value = self[name]
+        except KeyError:
+            if name in SelectorOptions._FLAGS:
+                return False
+            raise AttributeError(f"selector options have no field {name!r} "
+                                 f"(they hold {sorted(self)})") from None
+        return SelectorOptions(value) if type(value) is dict else value
+
+
 @dataclasses.dataclass(frozen=True)
 class TableInfo:
     """A snapshot of one table, returned by ``Client.server_info()`` and ``Table.info``.
 
-    ``sampler_options`` and ``remover_options`` are dicts such as
+    ``sampler_options`` and ``remover_options`` are ``SelectorOptions``, dicts such as
     ``{'prioritized': {'priority_exponent': 0.8}, 'is_deterministic': False}`` or
-    ``{'fifo': True, 'is_deterministic': True}``.
+    ``{'fifo': True, 'is_deterministic': True}`` that also read as attributes, like
+    Reverb's protos: ``info.sampler_options.prioritized.priority_exponent``.
 
     ``num_stored_steps`` counts the steps the table's shared memory holds: for items
     written by a writer, each distinct step once however many items reference it; for

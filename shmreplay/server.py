@@ -29,7 +29,9 @@ class Server:
       tables: The tables (``shmreplay.Table``). Each becomes a live handle.
       name: The buffer's address; ``None`` picks a unique one. Letters, digits,
         ``_ . -``; at most 100 characters.
-      port: Accepted for Reverb compatibility and ignored (there is no socket).
+      port: Accepted for Reverb compatibility and ignored (there is no socket). Note
+        that it comes after ``name``: Reverb's ``Server(tables, port, checkpointer)``
+        written positionally is refused with a ``TypeError``, never misread.
       checkpointer: A ``shmreplay.checkpointers`` checkpointer: the Server restores
         its latest checkpoint (or its fallback), and ``Client.checkpoint()`` without a
         path writes there.
@@ -69,6 +71,7 @@ class Server:
                  share_with_group: bool = False):
         # The given tables are checked before a checkpoint's configuration may be
         # copied into them (a table another Server serves must not change).
+        _check_reverb_positionals(name, port)
         _check_tables(tables or ())
         restoring = _checkpoint_to_restore(checkpoint, checkpointer)
         if restoring is not None:
@@ -99,6 +102,13 @@ class Server:
     @property
     def address(self) -> str:
         return self._name
+
+    @property
+    def port(self):
+        raise AttributeError(
+            "shmreplay.Server has no port: clients attach by name. Use "
+            f"Client({self._name!r}) (or Client(server.name)) instead of "
+            "Client(f'localhost:{server.port}').")
 
     def localhost_client(self):
         """A ``Client`` attached to this buffer (Reverb's name for it)."""
@@ -192,6 +202,20 @@ def _checkpoint_to_restore(path, checkpointer):
 
 _live_servers = weakref.WeakSet()
 _hooks_installed = False
+
+
+def _check_reverb_positionals(name, port):
+    """Refuses Reverb's positional ``Server(tables, port, checkpointer)``, which would
+    otherwise name the buffer by the port and drop the checkpointer silently."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        raise TypeError(
+            f"Server(tables, {name!r}, ...): the second argument is the buffer's name, not "
+            "a port (shmreplay buffers have names). Pass name='my-replay', or nothing for "
+            "a unique name; a checkpointer goes in checkpointer=.")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool)):
+        raise TypeError(
+            f"Server: port must be an int or None (it is ignored), got "
+            f"{type(port).__name__}. Pass a checkpointer as checkpointer=.")
 
 
 def _register(server):

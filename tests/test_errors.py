@@ -372,7 +372,7 @@ def test_timed_out_inserts_leave_no_reservation_behind(populated):
     (".hidden", r"\.hidden"),
     ("-dash", "-dash"),
     ("test-" + "x" * 96, "101"),                 # 101 characters; the limit is 100
-    (12, "12"),
+    (12.5, "12.5"),
 ])
 def test_invalid_buffer_name(name, text):
     with pytest.raises(errors.InvalidNameError, match=all_of("(?i)buffer", text)):
@@ -380,6 +380,20 @@ def test_invalid_buffer_name(name, text):
     with pytest.raises(errors.InvalidNameError, match=all_of("(?i)buffer", text)) as info:
         shmreplay.Client(name)
     assert isinstance(info.value, ValueError)
+
+
+def test_reverb_positional_server_arguments_are_refused_not_misread(tmp_path):
+    # Reverb's Server(tables, port, checkpointer): here the second argument is the name.
+    with pytest.raises(TypeError, match=all_of("8000", "not a port", "name=")):
+        shmreplay.Server(tables(), 8000)
+    checkpointer = shmreplay.checkpointers.DefaultCheckpointer(str(tmp_path))
+    with pytest.raises(TypeError, match=all_of("port", "DefaultCheckpointer", "checkpointer=")):
+        shmreplay.Server(tables(), None, checkpointer)
+    with pytest.raises(errors.InvalidNameError, match="12"):
+        shmreplay.Client(12)
+    with shmreplay.Server(tables(), new_name(), 8000) as server:  # the port is ignored
+        with pytest.raises(AttributeError, match=all_of("no port", "Client")):
+            server.port
 
 
 def test_longest_valid_buffer_name():

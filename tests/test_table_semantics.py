@@ -498,6 +498,11 @@ def test_server_info():
         assert dist.max_times_sampled == 0
         assert dist.sampler_options["prioritized"]["priority_exponent"] == 1
         assert "fifo" in dist.remover_options
+        # read as attributes too, as Reverb's test_server_info reads its protos
+        assert dist.sampler_options.prioritized.priority_exponent == 1
+        assert dist.remover_options.fifo is True and dist.sampler_options.fifo is False
+        with pytest.raises(AttributeError, match="no field 'heap'"):
+            dist.sampler_options.heap
         assert dist.num_inserted == 3
         assert dist.num_sampled == 1
         assert dist.num_deleted == 0

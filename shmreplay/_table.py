@@ -993,6 +993,8 @@ class TableEngine:
 
     def info(self) -> TableInfo:
         c = self.counters()
+        if c[L.C_CLOSED]:  # stopped by its owner: what it held is gone
+            self._raise_status(codes.CLOSED)
         self.has_columns()
         # The configured signature, as Reverb reports it (it may describe one step of
         # a legacy Writer's items); else what the first item fixed.

@@ -796,3 +796,17 @@ def test_verify_check_flags_corruption():
     heap_column = col(t.meta, L.M_HEAP1)
     heap_column[0], heap_column[1] = heap_column[1], heap_column[0]
     assert t.check() & verify.HEAP
+
+
+@pytest.mark.parametrize("error_buffer", [1e6, 1e19, 1e299])
+def test_sample_credit_grants_the_whole_batch_under_huge_error_buffers(error_buffer):
+    # A credit beyond int64 once overflowed to a negative count: the batch then went one
+    # item per kernel call (correct, but 100x slower).
+    t = ItemArrays(10, selectors.Uniform(), selectors.Fifo())
+    limiter = rate_limiters.SampleToInsertRatio(1.0, 1, error_buffer)
+    t.fctrl[L.F_SAMPLES_PER_INSERT] = limiter.samples_per_insert
+    t.fctrl[L.F_MIN_DIFF] = limiter.min_diff
+    t.ctrl[L.C_INSERTS] = 5
+    assert items.sample_credit(t.ctrl, t.fctrl, 256) == 256
+    t.fctrl[L.F_MIN_DIFF] = -2.5  # a small credit still limits: 5 - 0 + 2.5 -> 7
+    assert items.sample_credit(t.ctrl, t.fctrl, 256) == 7

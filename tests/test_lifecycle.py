@@ -109,6 +109,26 @@ def test_attach_after_stop_raises_buffer_not_found(buffer_name):
     assert result.stdout.strip() == "not found", result.stderr
 
 
+def test_a_client_of_a_stopped_buffer_is_not_fooled_by_a_new_one_of_that_name(buffer_name):
+    old_server = shmreplay.Server([_table("unsigned", None)], name=buffer_name)
+    old = shmreplay.Client(buffer_name)
+    try:
+        old.insert({"y": np.arange(3)}, priorities={"unsigned": 1.0}, timeout=5)
+        old_server.stop()
+        with shmreplay.Server([_table("unsigned", None)], name=buffer_name):
+            # The old client still maps the stopped buffer: it must say so, not report
+            # the dead buffer's contents as if they were the new one's.
+            with pytest.raises(errors.BufferBrokenError, match="stopped"):
+                old.server_info()
+            with pytest.raises(errors.BufferBrokenError):
+                old.insert({"y": np.arange(3)}, priorities={"unsigned": 1.0}, timeout=1)
+            with shmreplay.Client(buffer_name) as new:
+                assert new.server_info()["unsigned"].current_size == 0
+    finally:
+        old.close()
+        old_server.stop()
+
+
 # --------------------------------------------------------------------------------------
 # the owner is another process that exits
 # --------------------------------------------------------------------------------------

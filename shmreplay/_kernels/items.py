@@ -48,7 +48,9 @@ def sample_credit(ctrl, fctrl, wanted):
     if min_diff < -1e300:
         return wanted
     credit = ctrl[C_INSERTS] * fctrl[F_SAMPLES_PER_INSERT] - ctrl[C_SAMPLES] - min_diff
-    return max(1, min(wanted, int(np.floor(credit))))
+    if credit >= wanted:  # compared as floats: a huge credit must not overflow int64
+        return wanted
+    return max(1, int(np.floor(credit)))
 
 
 @kernel

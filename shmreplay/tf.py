@@ -18,11 +18,13 @@ probability float64, table_size int64, priority float64, times_sampled int32).
 How sampling maps onto tf.data: a worker takes up to
 ``max_in_flight_samples_per_worker`` items in one ``sample_batch`` call (the rate limiter
 counts them then, as Reverb's server does) and the dataset hands them out one by one.
-The worker never takes more than ``max_samples`` in all, and waits in short slices so
-that a discarded iterator stops it.
+The worker never takes more than ``max_samples`` in all, takes its next items only
+once the consumer has read the last ones, and waits in short slices so that a discarded
+iterator stops it.
 """
 
 import contextlib
+import queue
 import threading
 import time
 from typing import Optional
@@ -98,15 +100,15 @@ class _Worker:
         self.timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
         self.max_samples = max_samples
 
-    def chunks(self):
+    def chunks(self, stop: Optional[threading.Event] = None):
         """Yields ``ReplaySample`` s of up to ``chunk`` items until the end (the timeout,
-        or ``max_samples`` taken)."""
+        ``max_samples`` taken, or ``stop`` set)."""
         client = _connect(self.server_address)
         left = self.max_samples
         try:
             while left != 0:
                 wanted = self.chunk if left < 0 else min(self.chunk, left)
-                sample = self._take(client, wanted)
+                sample = self._take(client, wanted, stop)
                 if sample is None:
                     return
                 if left > 0:
@@ -115,10 +117,11 @@ class _Worker:
         finally:
             client.close()
 
-    def _take(self, client, wanted):
-        """Up to ``wanted`` items (at least one), or None when the timeout ended it."""
+    def _take(self, client, wanted, stop=None):
+        """Up to ``wanted`` items (at least one), or None when the timeout (or ``stop``)
+        ended it."""
         started = time.monotonic()
-        while True:
+        while stop is None or not stop.is_set():
             wait = _batches.SLICE
             if self.timeout is not None:
                 wait = min(wait, max(0.0, self.timeout - (time.monotonic() - started)))
@@ -127,6 +130,54 @@ class _Worker:
             except errors.DeadlineExceededError:
                 if self.timeout is not None and time.monotonic() - started >= self.timeout:
                     return None
+        return None
+
+
+def _parallel_chunks(workers):
+    """The chunks of several ``_Worker`` s, in the order they come.
+
+    Each worker runs in a thread and samples its next chunk only once the consumer has
+    finished its previous one (asked for the chunk after it), so the items taken but
+    not yet delivered stay within one chunk (``max_in_flight_samples_per_worker``) per
+    worker, as in Reverb. tf.data's own ``interleave`` buffers several chunks per worker
+    ahead (about 3.5x the bound was measured), and a queue table loses what it buffers.
+    """
+    results = queue.Queue()
+    stop = threading.Event()
+    turns = [threading.Semaphore(0) for _ in workers]
+
+    def run(index, worker):
+        try:
+            for chunk in worker.chunks(stop):
+                results.put((index, chunk, None))
+                while not turns[index].acquire(timeout=_batches.SLICE):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # handed to the consumer, which raises it
+            results.put((index, None, exc))
+            return
+        results.put((index, None, None))
+
+    threads = [threading.Thread(target=run, args=(i, worker), daemon=True,
+                                name=f"shmreplay-dataset-worker-{i}")
+               for i, worker in enumerate(workers)]
+    for thread in threads:
+        thread.start()
+    running = len(workers)
+    try:
+        while running:
+            index, chunk, exc = results.get()
+            if exc is not None:
+                raise exc
+            if chunk is None:
+                running -= 1
+                continue
+            yield chunk
+            turns[index].release()  # the consumer is done with it: that worker may go on
+    finally:
+        stop.set()  # a dropped iterator ends the workers within a slice
 
 
 def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_worker,
@@ -140,25 +191,73 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
         lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
     ndim = len(tf.nest.flatten(data_spec)[0].shape)
 
-    def generate(index):
+    flat_spec = tf.nest.flatten(data_spec)
+
+    def worker(index):
         # Each worker has its own share of max_samples, so together they take exactly
         # max_samples and no worker takes what another should have.
         budget = -1
         if max_samples != -1:
-            budget = max_samples // workers + (1 if int(index) < max_samples % workers else 0)
-            if budget == 0:
-                return
-        worker = _Worker(server_address, table, max_in_flight_samples_per_worker,
-                         rate_limiter_timeout_ms, budget)
-        for sample in worker.chunks():
-            yield _as_timesteps(sample, ndim) if timesteps else _zero_copy(sample)
+            budget = max_samples // workers + (1 if index < max_samples % workers else 0)
+        return _Worker(server_address, table, max_in_flight_samples_per_worker,
+                       rate_limiter_timeout_ms, budget)
 
-    if workers == 1:
-        return tf.data.Dataset.from_generator(generate, args=(0,), output_signature=chunk_spec)
-    return tf.data.Dataset.range(workers).interleave(
-        lambda index: tf.data.Dataset.from_generator(generate, args=(index,),
-                                                     output_signature=chunk_spec),
-        cycle_length=workers, num_parallel_calls=workers, deterministic=False)
+    def generate():
+        chosen = [worker(i) for i in range(workers)]
+        chosen = [w for w in chosen if w.max_samples != 0]
+        chunks = chosen[0].chunks() if len(chosen) == 1 else _parallel_chunks(chosen)
+        checked = add_time = False
+        for sample in chunks:
+            sample = _as_timesteps(sample, ndim) if timesteps else _zero_copy(sample)
+            if not checked:
+                add_time = not timesteps and _wants_time_dim(sample, flat_spec)
+            if add_time:
+                sample = ReplaySample(sample.info, specs.optree.tree_map(
+                    lambda leaf: leaf[:, None], sample.data))
+            if not checked:  # tf.data would cast a wrong dtype silently
+                _check_chunk(sample, flat_spec, table)
+                checked = True
+            yield sample
+
+    return tf.data.Dataset.from_generator(generate, output_signature=chunk_spec)
+
+
+def _no_lookahead(dataset):
+    """``dataset`` without the prefetch tf.data would add at the end of the pipeline:
+    it takes items from the table before the consumer asks (2 chunks ahead here), so a
+    queue loses them when the iterator is dropped, and ``max_in_flight`` would not
+    bound what is taken. A ``prefetch`` the user adds is still theirs."""
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    return dataset.with_options(options)
+
+
+def _wants_time_dim(sample, flat_spec):
+    """Whether the dataset asks for a time dimension of 1 that the sampled items lack
+    (items from ``insert`` are one timestep: Reverb samples them as ``[1, ...]``)."""
+    leaves = specs.optree.tree_leaves(sample.data)
+    return len(leaves) == len(flat_spec) and all(
+        len(spec.shape) == leaf.ndim and spec.shape[0] in (1, None)
+        for leaf, spec in zip(leaves, flat_spec))
+
+
+def _check_chunk(sample, flat_spec, table):
+    """Raises ValueError (InvalidArgumentError in tf.data) unless the sampled leaves have
+    the dtypes and shapes the dataset was given."""
+    leaves = specs.optree.tree_leaves(sample.data)
+    if len(leaves) != len(flat_spec):
+        raise ValueError(
+            f"Table '{table}': the dataset expects {len(flat_spec)} tensors per item, "
+            f"the table's items have {len(leaves)}.")
+    for index, (leaf, spec) in enumerate(zip(leaves, flat_spec)):
+        dtype = np.dtype(spec.dtype.as_numpy_dtype)
+        shape = tuple(leaf.shape[1:])
+        if leaf.dtype != dtype or not tf.TensorShape(spec.shape).is_compatible_with(shape):
+            raise ValueError(
+                f"Table '{table}': requested incompatible tensor at flattened index "
+                f"{index}. Specification has (dtype, shape): ({dtype.name}, "
+                f"{list(spec.shape)}). Tensor has (dtype, shape): ({leaf.dtype.name}, "
+                f"{list(shape)}).")
 
 
 def _as_timesteps(sample, ndim):
@@ -204,6 +303,8 @@ class TrajectoryDataset(tf.data.Dataset):
                  max_samples: int = -1):
         _check_options(max_in_flight_samples_per_worker, num_workers_per_iterator,
                        max_samples_per_stream, rate_limiter_timeout_ms, max_samples)
+        server_address = _plain(server_address, "server_address")
+        table = _plain(table, "table")
         data_spec = _data_spec(dtypes, shapes)
         self._dataset = self._build(server_address, table, data_spec,
                                     max_in_flight_samples_per_worker, num_workers_per_iterator,
@@ -212,8 +313,8 @@ class TrajectoryDataset(tf.data.Dataset):
 
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
-        return _chunk_dataset(server_address, table, data_spec, max_in_flight, workers,
-                              timeout_ms, max_samples).unbatch()
+        return _no_lookahead(_chunk_dataset(server_address, table, data_spec, max_in_flight,
+                                            workers, timeout_ms, max_samples).unbatch())
 
     @property
     def element_spec(self):
@@ -254,8 +355,9 @@ class TimestepDataset(TrajectoryDataset):
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
         # ``max_samples`` counts items, as in Reverb.
-        return _chunk_dataset(server_address, table, data_spec, max_in_flight, workers,
-                              timeout_ms, max_samples, timesteps=True).unbatch()
+        return _no_lookahead(_chunk_dataset(server_address, table, data_spec, max_in_flight,
+                                            workers, timeout_ms, max_samples,
+                                            timesteps=True).unbatch())
 
 
 def ReplayDataset(server_address: str, table: str, dtypes, shapes,
@@ -285,6 +387,18 @@ def ReplayDataset(server_address: str, table: str, dtypes, shapes,
 _CLIENT_TYPE = Client
 
 
+def _plain(value, what: str):
+    """A string given as a tf.Tensor (Reverb accepts ``str|tf.Tensor``) as a str."""
+    if isinstance(value, tf.Tensor):
+        if not hasattr(value, "numpy"):
+            raise TypeError(f"{what} must be a str or an eager tf.Tensor, got the symbolic "
+                            f"{value!r}.")
+        value = value.numpy()
+    if isinstance(value, (bytes, np.bytes_)):
+        return value.decode()
+    return value
+
+
 def _connect(server_address) -> Client:
     """A new Client for a dataset worker: by name, or like the given Client."""
     if isinstance(server_address, _CLIENT_TYPE):
@@ -292,13 +406,35 @@ def _connect(server_address) -> Client:
     return Client(server_address)
 
 
+def _connect_within(server_address, timeout_secs):
+    deadline = None if timeout_secs is None else time.monotonic() + timeout_secs
+    while True:
+        try:
+            return _connect(server_address)
+        except errors.BufferNotFoundError:
+            if deadline is None:
+                raise
+            if time.monotonic() >= deadline:
+                raise errors.DeadlineExceededError(
+                    f"No buffer named {server_address!r} appeared within {timeout_secs} s "
+                    "(get_signature_timeout_secs).") from None
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
 def table_signature(server_address: str, table: str, timeout_secs: Optional[float] = None):
     """``(dtypes, shapes)`` nests of a table's items (signature, or the first item's).
 
+    ``timeout_secs``: how long to wait for the buffer to exist (its owner may start
+    later); None: it must exist now.
+
     Raises:
       ValueError: no such table, or nothing says what its items look like yet.
+      BufferNotFoundError: no such buffer (``timeout_secs`` None).
+      DeadlineExceededError: no such buffer within ``timeout_secs``.
     """
-    client = _connect(server_address)
+    server_address = _plain(server_address, "server_address")
+    table = _plain(table, "table")
+    client = _connect_within(server_address, timeout_secs)
     try:
         buffer = client._buffer
         engine = buffer.by_name.get(table)
@@ -333,7 +469,8 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
       batch_size: Items per element; every element is full. None: one item per element
         (a ``TrajectoryDataset``).
       prefetch_size: Batches prepared ahead of the consumer (they count as sampled when
-        taken). 0: none.
+        taken). 0: none. With ``num_parallel_calls`` above 1, up to that many more are
+        being sampled at any time.
       sequence_length: If given, the items' time dimension, checked against the table
         (every column that has one).
       num_parallel_calls: Batches sampled at once. 1 keeps a FIFO table's order (the
@@ -349,6 +486,8 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     Raises:
       ValueError: an argument is out of range, or ``sequence_length`` does not match.
     """
+    server_address = _plain(server_address, "server_address")
+    table = _plain(table, "table")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be None or >= 1, got {batch_size}.")
     if num_parallel_calls is not None and num_parallel_calls < 1:
@@ -412,11 +551,14 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
         return (flat[0], sample) if ends else sample
 
     indices = tf.data.Dataset.range(max_batches if max_batches >= 0 else np.iinfo(np.int64).max)
-    dataset = indices.map(to_sample, num_parallel_calls=num_parallel_calls,
-                          deterministic=deterministic)
+    if num_parallel_calls > 1:
+        dataset = indices.map(to_sample, num_parallel_calls=num_parallel_calls,
+                              deterministic=deterministic)
+    else:  # a parallel map of one call still samples a batch ahead
+        dataset = indices.map(to_sample)
     if ends:
         dataset = dataset.take_while(_is_ok).map(_drop_ok)
-    return dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset
+    return _no_lookahead(dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset)
 
 
 def _is_ok(ok, _):
@@ -506,8 +648,18 @@ class ReplayBuffer:
 
         ``num_steps`` must be None or match the items' time dimension (items are stored
         with a fixed length). ``single_deterministic_pass`` samples with one worker and
-        ends when no item arrives within a second (for FIFO / queue tables).
+        ends when no item arrives within a second; like tf_agents it raises ValueError
+        unless the table's sampler and remover are both deterministic (Fifo, Lifo or a
+        heap).
         """
+        if single_deterministic_pass:
+            info = self.get_table_info()
+            if not (info.sampler_options["is_deterministic"]
+                    and info.remover_options["is_deterministic"]):
+                raise ValueError(
+                    f"Unable to perform a single deterministic pass over table "
+                    f"'{self._table}': its sampler or remover is not deterministic "
+                    "(use Fifo, Lifo or a heap for both), as in tf_agents.")
         dtypes, shapes = table_signature(self._address, self._table)
         if num_steps is not None:
             lengths = {shape[0] if shape else None
@@ -534,9 +686,19 @@ class ReplayBuffer:
         return dataset
 
     def update_priorities(self, keys, priorities):
-        """Sets priorities by key (keys from ``info.key``; numpy or tf tensors)."""
-        return self._client.update_priorities(self._table, np.asarray(keys, np.uint64),
-                                               np.asarray(priorities, np.float64))
+        """Sets priorities by key (keys from ``info.key``; numpy or tf tensors).
+
+        Works inside a ``tf.function`` too (as a ``tf.numpy_function``), where it returns
+        the number of keys updated as an int64 tensor.
+        """
+        if not tf.executing_eagerly():
+            return tf.numpy_function(self._update, [keys, priorities], tf.int64,
+                                     stateful=True)
+        return self._update(keys, priorities)
+
+    def _update(self, keys, priorities):
+        return np.int64(self._client.update_priorities(
+            self._table, np.asarray(keys, np.uint64), np.asarray(priorities, np.float64)))
 
     def clear(self):
         """Removes every item (and resets the table's rate limiter)."""

@@ -193,12 +193,28 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
     engine = rows.engine
     proposal = validate_item(engine, treedef, columns, paths, per_step)
     if proposal is not None:
+        _check_rows_fit(engine, proposal, columns)
         engine.define_storage(proposal)
         validate_item(engine, treedef, columns, paths, per_step)
     plan = ItemPlan(engine.storage, columns)
     if all(c.source is not None for c in columns):  # mixed columns: checked every time
         rows.plans[key] = plan
     return plan
+
+
+def _check_rows_fit(engine, storage, columns: List[ItemColumn]):
+    """Raises SchemaError, before a table's first item fixes its storage, if that item
+    needs more step rows than the storage would have (a row per distinct step of the
+    shared columns, one per reference of a mixed column)."""
+    shared = {ref.uid for column in columns if column.source is not None
+              for ref in column.refs}
+    needed = len(shared) + sum(len(c.refs) for c in columns if c.source is None)
+    rows = engine.capacity * storage.steps_per_item
+    if needed > rows:
+        raise errors.SchemaError(
+            f"Table '{engine.name}': the item references {needed} distinct steps, more "
+            f"than the step storage it would define can hold ({rows} rows, sized for "
+            f"{storage.steps_per_item} steps per item). Nothing was stored.")
 
 
 def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str],

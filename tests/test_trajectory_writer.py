@@ -489,6 +489,25 @@ def test_create_item_checks_type_of_leaves():
         assert size(client) == 1
 
 
+def test_a_first_item_too_large_for_its_own_storage_fixes_nothing():
+    # Mixed columns (fields of several steps) take a row per reference; 70 such columns
+    # of 2 steps overflow the rows a table of max_size 1 would get.
+    fields = [f"f{i}" for i in range(70)]
+    with serve(queue("q", 1)) as (server, client), trajectory_writer(client, 2) as writer:
+        for _ in range(2):
+            writer.append({field: np.float32(1) for field in fields})
+        history = writer.history
+        mixed = {f"c{i}": shmreplay.TrajectoryColumn(
+            [history[f][-2]._refs[0], history[fields[(i + 1) % 70]][-1]._refs[0]])
+            for i, f in enumerate(fields)}
+        with pytest.raises(errors.SchemaError, match="140 distinct steps.*Nothing was stored"):
+            writer.create_item("q", 1.0, mixed)
+        assert client.server_info()["q"].signature is None  # no layout was fixed
+        writer.create_item("q", 1.0, {"x": history["f0"][-2:]})  # a different item fits
+        writer.flush(timeout_ms=1000)
+        assert one(client)["x"].tolist() == [1.0, 1.0]
+
+
 def test_create_item_errors_leave_the_table_unchanged():
     with serve() as (server, client), trajectory_writer(client, 5) as writer:
         obs_action_steps(writer, 4)

@@ -362,9 +362,8 @@ def run(args) -> int:
     workers, reports, progress = [], {}, None
     exit_code, interrupted = 0, None
 
-    # Installed before the Server, whose own SIGTERM/SIGINT handlers remove the buffer
-    # first and then call the handler that was there before (this one, or Python's
-    # KeyboardInterrupt for SIGINT).
+    # SIGTERM unwinds like Ctrl-C's KeyboardInterrupt. The Server leaves a handler the
+    # program installed alone, so the demo stops its workers first, then the buffer.
     signal.signal(signal.SIGTERM, _on_sigterm)
     server = shmreplay.Server(tables=[make_table(args)], name=name)
     client = shmreplay.Client(server.name)  # the main process reads the counters too
@@ -406,9 +405,9 @@ def run(args) -> int:
         print(f"error: {failure.role} failed:\n{failure.detail}", file=sys.stderr)
         exit_code = 1
     finally:
-        # Stop in order: workers first, then the buffer. After Ctrl-C or SIGTERM the
-        # Server's handler has already removed the buffer; blocked workers then get
-        # BufferBrokenError and leave. A second Ctrl-C must not abandon the children.
+        # Stop in order: workers first (their blocked calls wait 0.1 s at a time, so they
+        # see the stop request), then the buffer. A second Ctrl-C must not abandon the
+        # children.
         with _signals_ignored(signal.SIGINT, signal.SIGTERM):
             if interrupted:
                 print(f"\n{interrupted}: stopping", flush=True)

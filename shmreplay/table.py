@@ -40,13 +40,14 @@ class Table:
       max_size: The maximum number of items.
       rate_limiter: A ``shmreplay.rate_limiters`` limiter.
       max_times_sampled: Remove an item once it has been sampled this many times
-        (``0``: never). The sample that reaches the limit still returns the item.
+        (``0`` or less: never, as in Reverb). The sample that reaches the limit still
+        returns the item.
       signature: Optional nest of specs (``TensorSpec``, ``tf.TensorSpec``, ...) fixing
         each column's shape and dtype. Without one, the first inserted item fixes them.
 
     Raises:
-      ValueError: on an invalid name, ``max_size < 1``, negative ``max_times_sampled``,
-        or a signature leaf that is not a spec with a fixed shape.
+      ValueError: on an invalid name, ``max_size < 1``, a ``max_times_sampled`` that is
+        not an integer, or a signature leaf that is not a spec with a fixed shape.
       TypeError: if ``sampler``/``remover``/``rate_limiter`` are of the wrong type.
 
     Once the table is passed to a ``Server``, ``info``, ``can_sample`` and

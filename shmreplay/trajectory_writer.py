@@ -449,6 +449,9 @@ class TrajectoryWriter:
         if leaves is None:
             leaves, treedef = specs.flatten(trajectory)
             paths = specs.path_strings(treedef)
+            if len(specs.optree.tree_leaves(trajectory, none_is_leaf=True)) != len(leaves):
+                raise TypeError("create_item: every leaf of the trajectory must be a "
+                                "TrajectoryColumn, got None.")
             if not leaves:
                 raise ValueError("create_item: the trajectory is empty.")
             for leaf in leaves:
@@ -456,9 +459,6 @@ class TrajectoryWriter:
                     raise TypeError(
                         f"create_item: every leaf of the trajectory must be a "
                         f"TrajectoryColumn, got {type(leaf).__name__}.")
-            if len(specs.optree.tree_leaves(trajectory, none_is_leaf=True)) != len(leaves):
-                raise TypeError("create_item: every leaf of the trajectory must be a "
-                                "TrajectoryColumn, got None.")
             keys = _writing.flat_dict_keys(treedef) if type(trajectory) is dict else None
             if keys is not None:
                 self._item_layouts[tuple(trajectory)] = (keys, treedef, paths)

@@ -8,6 +8,7 @@ item of that table first references them, once however many of its items do.
 """
 
 import collections
+import functools
 import itertools
 from typing import Optional
 
@@ -319,8 +320,19 @@ def _from_python(leaf, dtype: np.dtype):
     ``dtype`` cannot hold it exactly (a float in an int column, an int out of range)."""
     if dtype.kind not in _PY_KINDS[type(leaf)]:
         return None
+    to_float = type(leaf) is int and dtype.kind in "fc"
+    if to_float and not -_float_max(dtype) <= leaf <= _float_max(dtype):
+        return None  # would be inf
     try:
-        return np.array(leaf, dtype)
+        value = np.array(leaf, dtype)
     except OverflowError:
         return None
+    if to_float and value.item() != leaf:
+        return None  # rounded (2**24 + 1 in float32)
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _float_max(dtype: np.dtype) -> float:
+    return float(np.finfo(dtype).max)
 

@@ -483,6 +483,8 @@ def test_create_item_checks_type_of_leaves():
         with pytest.raises(TypeError, match="got None"):  # Reverb: TypeError too
             writer.create_item("q", 1.0, {"x": writer.history["x"][0], "y": None})
         with pytest.raises(TypeError, match="got None"):
+            writer.create_item("q", 1.0, {"x": None})
+        with pytest.raises(TypeError, match="got None"):
             writer.create_item("q", 1.0, {"x": writer.history["x"][0],
                                           "y": [writer.history["y"][:], None]})
         writer.flush(timeout_ms=1000)

@@ -377,7 +377,9 @@ def test_python_scalars_are_stored_only_when_the_column_holds_them_exactly():
                    ({"done": 5}, "done", "int 5"),              # would become True
                    ({"k": 300}, "k", "int 300"),                # out of uint8's range
                    ({"k": -1}, "k", "int -1"),
-                   ({"reward": True}, "reward", "bool True")]
+                   ({"reward": True}, "reward", "bool True"),
+                   ({"reward": 2**24 + 1}, "reward", "int 16777217"),  # rounds in float32
+                   ({"reward": 10**40}, "reward", "int 1")]          # inf in float32
             for change, column, what in bad:
                 step = {"action": 2, "done": True, "k": 2, "reward": 1.5}
                 step.update(change)
@@ -385,6 +387,7 @@ def test_python_scalars_are_stored_only_when_the_column_holds_them_exactly():
                     writer.append(step)
             assert writer.num_steps == 1
             writer.append({"action": 2, "done": True, "k": 2, "reward": 1})  # exact: stored
+            assert writer.num_steps == 2
             writer.create_item("q", 2, 1.0)
         s = drain(client, "q")
         assert {k: np.asarray(v).tolist() for k, v in s.data.items()} == {

@@ -25,7 +25,7 @@ The protocol
   the slot states (which are written last, so they are always meaningful), marks the
   mutex consistent and goes on. Nobody waits for a dead process.
 * **Dead writer.** A writer that dies between reserve and commit leaves WRITING slots
-  stamped with its pid (a sampler, DRAINING slots). A blocked inserter (and ``verify``)
+  stamped with its pid (a sampler, DRAINING slots). A refused inserter (and ``verify``)
   checks those pids and frees the slots of dead processes (``reclaim``), with their
   row references, so their reservation never starves others.
 * **Waiting never spins.** A call that the rate limiter blocks registers as a waiter

@@ -80,6 +80,7 @@ class TableEngine:
         self.max_batch = min(self.capacity - config.max_size,
                              config.rate_limiter.max_batch_insert())
         self.max_priority = _max_priority(config, self.capacity)
+        self._reclaim_at = 0.0  # when a refused call may next look for dead writers
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
         # For the one-call kernels (sample_gather, update_whole, insert_staged): the
@@ -485,6 +486,14 @@ class TableEngine:
             if remaining <= 0:
                 if register:
                     kernels.unwait(*self.arrays, waiters_word)
+                    was_waiting = 0
+                if inserting and self.ctrl[L.C_PENDING] > 0 and now >= self._reclaim_at:
+                    # A call that does not wait (timeout 0) may be refused only because a
+                    # dead writer's reservation holds the room: free those (at most every
+                    # _RECLAIM_EVERY s), then try once more.
+                    self._reclaim_at = now + _RECLAIM_EVERY
+                    if self.reclaim_dead_writers():
+                        continue
                 raise errors.DeadlineExceededError(
                     f"Table '{self.name}': the rate limiter did not allow the "
                     f"{'insert' if inserting else 'sample'} within the timeout of {timeout} s.")
@@ -622,17 +631,44 @@ class TableEngine:
         ref_steps, distinct = self._split_plan()
         known = np.full(distinct, -1, np.int64)
         gens = np.zeros(distinct, np.int64)
-        slots = np.empty(count, np.int64)
-        rows = np.empty((count, distinct), np.int64)
-        done = 0
-        try:
-            for i in range(count):
-                slots[i], rows[i], _ = self.reserve_item(known, gens, ref_steps, timeout)
-                done += 1
-        except BaseException:
-            self.cancel(slots[:done])
-            raise
-        return slots, rows
+        if count == 1:  # nothing else is held while this one waits
+            slot, rows, _ = self.reserve_item(known, gens, ref_steps, timeout)
+            return np.array([slot], np.int64), rows.reshape(1, distinct)
+        # Several items, one reservation each: take them all without waiting, or hand
+        # back what was taken and wait, holding nothing, until the limiter admits them
+        # all (holding some while waiting for the rest blocked other inserters).
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            slots = np.empty(count, np.int64)
+            rows = np.empty((count, distinct), np.int64)
+            done = 0
+            try:
+                for i in range(count):
+                    slots[i], rows[i], _ = self.reserve_item(known, gens, ref_steps, 0.0)
+                    done += 1
+                return slots, rows
+            except errors.DeadlineExceededError:
+                self.cancel(slots[:done])
+            except BaseException:
+                self.cancel(slots[:done])
+                raise
+            self._wait_until_insertable(count, deadline, timeout)
+
+    def _wait_until_insertable(self, count: int, deadline, timeout):
+        """Polls ``can_insert(count)`` (a rare path: batches into step storage)."""
+        pause = 0.0005
+        next_reclaim = time.monotonic() + _RECLAIM_EVERY
+        while not self.can_insert(count):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise errors.DeadlineExceededError(
+                    f"Table '{self.name}': the rate limiter did not allow {count} inserts "
+                    f"within the timeout of {timeout} s.")
+            if now >= next_reclaim:
+                self.reclaim_dead_writers()
+                next_reclaim = now + _RECLAIM_EVERY
+            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+            pause = min(2 * pause, 0.01)
 
     def _split_plan(self):
         """How whole item data maps onto new rows: ``(ref_steps, distinct)``.

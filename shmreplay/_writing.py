@@ -24,6 +24,7 @@ from shmreplay._table import _PID
 _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
 _NO_ROW = -1
+_PENDING_SLICE = 0.05  # seconds a flush waits on one table before retrying the others
 _UNKNOWN = object()
 # numpy scalar types: immutable, so a writer keeps such a value without copying it.
 NUMPY_SCALARS = frozenset(np.sctypeDict.values())
@@ -528,15 +529,18 @@ class PendingItems:
             self._insert_admitted()
             if len(self.items) <= leave:
                 break
-            # Wait for the oldest item's table; the others are retried after it.
+            # Wait for the oldest item's table, a slice at a time: the other tables'
+            # items are retried between slices, so a table that stays full holds back
+            # only its own.
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if remaining == 0.0:
                 return False
             rows, plan, columns, priority, uids = self.items[0]
+            wait = _PENDING_SLICE if remaining is None else min(remaining, _PENDING_SLICE)
             try:
-                insert_item(rows, plan, columns, priority, remaining, uids)
+                insert_item(rows, plan, columns, priority, wait, uids)
             except errors.DeadlineExceededError:
-                return False
+                continue
             self.items.popleft()
         return True
 

@@ -88,8 +88,10 @@ class Client:
           data: A nest (dict, tuple, list, namedtuple) of numpy arrays, Python or numpy
             scalars, tf.Tensors or jax arrays.
           priorities: ``{table_name: priority}``; one item goes into each table, all
-            of them or none. While one table's rate limiter makes the call wait, it
-            holds nothing in the others.
+            of them or none (an error or timeout inserts nothing; a process killed
+            while committing may leave the item in the tables it committed first, as
+            each table commits under its own lock). While one table's rate limiter
+            makes the call wait, it holds nothing in the others.
           timeout: Seconds to wait for the rate limiter; ``None`` waits forever.
 
         Returns:

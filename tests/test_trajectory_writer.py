@@ -767,6 +767,27 @@ def test_a_refusing_table_does_not_hold_back_items_of_other_tables():
         assert [d["x"].tolist() for d in got] == [[0], [1], [2], [3], [4]]  # q's order kept
 
 
+def test_a_flush_waiting_for_a_full_table_still_feeds_the_others():
+    # A and B are queues of one. A0 and B0 go in; A1 and B1 wait in the writer. Nobody
+    # samples A; a learner takes B0 and waits for B1, which must not wait behind A1.
+    with serve(queue("A", 1), queue("B", 1)) as (server, client), \
+            trajectory_writer(client, 1) as writer:
+        for i in range(2):
+            writer.append({"x": i})
+            for table in "AB":
+                writer.create_item(table, 1.0, {"x": writer.history["x"][-1:]})
+        assert writer.num_pending_items == 2
+        def learner_takes_b_late():  # after the flush below has started waiting on A
+            time.sleep(0.5)
+            return [one(client, "B", timeout=5)["x"].tolist() for _ in range(2)]
+        learner = Background(learner_takes_b_late)
+        with pytest.raises(errors.DeadlineExceededError):
+            writer.flush(timeout_ms=2000)  # A1 can never go in
+        assert learner.finish(wait=5) == [[0], [1]]
+        assert writer.num_pending_items == 1  # A1 only
+        writer.close()
+
+
 def test_end_episode_flushes():
     with serve(queue("q", 1)) as (server, client), trajectory_writer(client, 5) as writer:
         one_inserted_one_pending(client, writer)

@@ -12,6 +12,7 @@ call has a timeout; "blocks" is checked with a thread that is still alive after 
 
 import concurrent.futures
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -685,6 +686,37 @@ def test_a_refusing_table_does_not_hold_back_items_of_other_tables():
                 writer.flush(timeout=0.05)  # puts the next waiting item in
         assert got == [[[0]], [[1]], [[2]], [[3]]]  # q's order kept
         writer.close(timeout=1.0)
+
+
+def test_insert_batch_into_a_writers_table_holds_nothing_while_it_waits():
+    # A writer defined the table's step storage, so a batch takes one reservation per
+    # item. Waiting for room with some of them held blocked everyone else, and the
+    # timeout was applied per item.
+    with serve(queue("q", 4)) as (server, client):
+        with client.writer(1) as writer:
+            for i in range(4):
+                writer.append(step(i))
+                writer.create_item("q", 1, 1.0)
+        started = time.monotonic()
+        with pytest.raises(errors.DeadlineExceededError):
+            client.insert_batch({"x": np.array([[10], [11]])}, {"q": 1.0}, timeout=0.3)
+        assert time.monotonic() - started < 1.5
+        info = client.server_info()["q"]
+        assert info.current_size == 4 and client.verify("q") == []
+        assert xs(client.sample_batch("q", 1, timeout=1)) == [[0]]
+
+        def batch_of_two():  # room for one, not two: it waits, then times out
+            with pytest.raises(errors.DeadlineExceededError):
+                client.insert_batch({"x": np.array([[10], [11]])}, {"q": 1.0}, timeout=1.0)
+            return "timed out"
+        waiting = Background(batch_of_two)
+        time.sleep(0.3)
+        client.insert({"x": np.array([5])}, {"q": 1.0}, timeout=0)  # the room is free
+        assert waiting.finish(wait=5) == "timed out"
+        assert xs(client.sample_batch("q", 1, timeout=1)) == [[1]]
+        assert xs(client.sample_batch("q", 1, timeout=1)) == [[2]]
+        client.insert_batch({"x": np.array([[10], [11]])}, {"q": 1.0}, timeout=1.0)
+        assert xs(drain(client, "q")) == [[3], [5], [10], [11]]
 
 
 def test_max_in_flight_items_none_never_blocks_create_item():

@@ -22,6 +22,7 @@ is unpickled on load: a checkpoint file is trusted input, like any pickle (see
 """
 
 import dataclasses
+import mmap
 import os
 import re
 import sys
@@ -238,7 +239,12 @@ class _Reporter:
 
 @dataclasses.dataclass
 class TableCheckpoint:
-    """One table as a checkpoint holds it; arrays are read from the file on demand."""
+    """One table as a checkpoint holds it; arrays are read from the file on demand.
+
+    ``mapped`` is the one read-only mapping of the file that ``load`` checked: every
+    array comes from it, never from the path again, so a checkpoint written over the
+    same path meanwhile (an atomic rename) cannot mix into this one.
+    """
 
     name: str
     config: object
@@ -249,13 +255,14 @@ class TableCheckpoint:
     num_items: int
     path: str
     layout: Dict[str, tuple]
+    mapped: object = None
 
     def array(self, key: str) -> np.ndarray:
         offset, descr, shape = self.layout[key]
         dtype = np.lib.format.descr_to_dtype(descr)
         if int(np.prod(shape)) == 0:
             return np.empty(shape, dtype)
-        return np.memmap(self.path, dtype, "r", offset, tuple(shape))
+        return np.ndarray(tuple(shape), dtype, buffer=self.mapped, offset=offset)
 
 
 @dataclasses.dataclass
@@ -302,6 +309,7 @@ def load(path: str) -> Checkpoint:
                     f"records {int(header['file_len'])} (manifest at {offset}+{length}).")
             file.seek(offset)
             manifest_bytes = file.read(length)
+            mapped = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
     except FileNotFoundError as exc:
         raise errors.CheckpointError(f"No checkpoint at {path}.") from exc
     except IsADirectoryError as exc:
@@ -312,7 +320,7 @@ def load(path: str) -> Checkpoint:
         manifest = cloudpickle.loads(manifest_bytes)
         tables = [TableCheckpoint(t["name"], t["config"], t["storage"], int(t["capacity"]),
                                   int(t["slot_bits"]), dict(t["counters"]), int(t["num_items"]),
-                                  path, dict(t["arrays"]))
+                                  path, dict(t["arrays"]), mapped)
                   for t in manifest["tables"]]
     except Exception as exc:
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest cannot be read.") from exc

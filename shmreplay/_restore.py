@@ -95,7 +95,7 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
             f"of max_size {engine.config.max_size} has room for ({engine.capacity} slots).")
     invalid = kernels.first_invalid_priority(fields["priority"], engine.max_priority)
     if invalid >= 0:
-        raise ValueError(
+        raise errors.CheckpointError(
             f"Table '{engine.name}': the checkpoint's priority {fields['priority'][invalid]} "
             f"is above the largest this table's selectors allow ({engine.max_priority}).")
     keys = fields["key"]

@@ -125,9 +125,9 @@ def _copy_held(engine, out, storage, count, stored_rows):
 
 
 class _HeldQuietly:
-    """Defers Python signal handlers (main thread only: no other thread runs them) and
-    garbage collection for the duration of a ``with`` block; caught signals are raised
-    again, to their own handlers, at its end."""
+    """Defers Python signal handlers and the stop signals' default action (main thread
+    only: no other thread runs them) and garbage collection for the duration of a
+    ``with`` block; caught signals are raised again, to their own handlers, at its end."""
 
     def __enter__(self):
         self._gc = gc.isenabled()
@@ -137,7 +137,12 @@ class _HeldQuietly:
         if threading.current_thread() is threading.main_thread():
             for signum in _HANDLED_SIGNALS:
                 handler = signal.getsignal(signum)
-                if callable(handler):
+                # Ctrl-Z (SIGTSTP, or a background terminal read or write) would stop
+                # the process with the table locked, and every other process with it:
+                # its default action waits until the end too. (A signal mask would not
+                # do: any other thread of the process would take the signal.)
+                if callable(handler) or (signum in _STOP_SIGNALS
+                                         and handler == signal.SIG_DFL):
                     self._saved[signum] = handler
                     signal.signal(signum, self._note)
         return self
@@ -162,6 +167,8 @@ _HANDLED_SIGNALS = tuple(sorted(
     - {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
        signal.SIGILL, signal.SIGABRT, signal.SIGTRAP}))
 
+
+_STOP_SIGNALS = {signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 
 _TOO_SMALL = -1000  # hold_items: -(count + 1000) when the outputs have too little room
 

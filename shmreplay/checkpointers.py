@@ -67,7 +67,7 @@ class CheckpointerBase:
 
 
 class DefaultCheckpointer(CheckpointerBase):
-    """Checkpoints in ``path`` (created if missing).
+    """Checkpoints in ``path`` (created by the first checkpoint if missing).
 
     Args:
       path: The directory.

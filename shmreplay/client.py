@@ -368,7 +368,8 @@ class Client:
         so a crash mid-way leaves any previous checkpoint at ``path`` intact.
 
         Args:
-          path: The file to write, or a directory to write a new, timestamped file in.
+          path: The file to write, or a directory to write a new, timestamped file in
+            (a path ending in ``/`` is a directory, created if missing).
             ``None``: the Server's checkpointer directory, keeping only the newest
             checkpoint there; without a checkpointer, the buffer's directory in this
             user's private temporary directory (``$TMPDIR/shmreplay-checkpoints-UID``).
@@ -394,7 +395,8 @@ class Client:
                 root = checkpointers.private_temporary_directory(self._name)
             os.makedirs(root, exist_ok=True)
             path = root
-        if os.path.isdir(path):
+        if os.path.isdir(path) or path.endswith(os.sep):  # "dir/": a directory, made if new
+            os.makedirs(path, exist_ok=True)
             checkpointer = checkpointers.DefaultCheckpointer(path)
             path = checkpointer.new_checkpoint_path()
         else:

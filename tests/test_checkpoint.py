@@ -360,6 +360,38 @@ def test_a_damaged_checkpoint_is_refused_with_a_typed_error(buffer_name, tmp_pat
         shmreplay.Client(name)
 
 
+def test_a_checkpoint_replaced_on_disk_while_it_is_read_is_read_whole(buffer_name, tmp_path):
+    # Client.checkpoint(path) renames a new file over ``path``. A restore reading ``path``
+    # then must see one file or the other, never tables of both: every array comes from
+    # the mapping that load() checked, not from the path again.
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert(_item(1), {"q": 1.0})
+        first = client.checkpoint(str(tmp_path / "a.ckpt"))
+        client.sample_batch("q", 1, timeout=1)  # item 1 leaves the queue
+        client.insert(_item(2), {"q": 1.0})
+        client.insert(_item(3), {"q": 1.0})
+        second = client.checkpoint(str(tmp_path / "b.ckpt"))
+        client.close()
+    saved = _checkpoint.load(first)
+    keys_before = np.array(saved.table("q").array("key"))
+    os.replace(second, first)  # a newer checkpoint renamed over the one being read
+    assert len(keys_before) == 1
+    assert np.array_equal(saved.table("q").array("key"), keys_before)
+    assert _checkpoint.load(first).table("q").num_items == 2
+
+
+def test_a_path_ending_in_a_slash_is_a_new_directory(buffer_name, tmp_path):
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert(_item(1), {"q": 1.0})
+        path = client.checkpoint(str(tmp_path / "new" / "dir") + "/")
+        client.close()
+    assert os.path.isdir(tmp_path / "new" / "dir")
+    assert os.path.dirname(path) == str(tmp_path / "new" / "dir")
+    assert _checkpoint.load(path).table("q").num_items == 1
+
+
 # --- checkpoints while the buffer is in use, and a writer killed mid-way -----------------
 
 

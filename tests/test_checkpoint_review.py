@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import _crash_workers as CW
+from _background import Background
 import _names
 import shmreplay
 from shmreplay import _buffer, _checkpoint, _crash_points, rate_limiters, selectors
@@ -134,6 +135,52 @@ def test_ctrl_c_while_a_server_process_holds_a_table_for_a_checkpoint(buffer_nam
     assert "interrupted" in result.stdout, result.stderr
     assert not (tmp_path / "c.ckpt").exists()
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
+
+
+_CTRL_Z_DURING_HOLD = textwrap.dedent("""
+    import os, signal, sys
+    import shmreplay
+    from shmreplay import _snapshot
+
+    name, path = sys.argv[1:3]
+    copy_held = _snapshot._copy_held
+
+    def copy_and_press_ctrl_z(*args):
+        os.kill(os.getpid(), signal.SIGTSTP)  # Ctrl-Z while the table's lock is held
+        return copy_held(*args)
+
+    _snapshot._copy_held = copy_and_press_ctrl_z
+    shmreplay.Client(name).checkpoint(path)
+    print("checkpointed", flush=True)
+""")
+
+
+def test_ctrl_z_while_a_process_holds_a_table_stops_it_only_after_the_hold(buffer_name,
+                                                                           tmp_path):
+    # Stopped while holding the table's lock, the checkpointer would block every other
+    # process until someone sent SIGCONT; their timeouts could not help.
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert({"obs": np.zeros(4, np.float32)}, {"q": 1.0}, timeout=5)
+        script = tmp_path / "ctrl_z.py"
+        script.write_text(_CTRL_Z_DURING_HOLD)
+        proc = subprocess.Popen([sys.executable, str(script), server.name,
+                                 str(tmp_path / "c.ckpt")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert _crash_points.wait_stopped(proc.pid, 60), "Ctrl-Z was lost"
+            # The table is free. (In a thread: a lock held by a stopped process would
+            # block the call past its timeout.)
+            sampler = Background(lambda: client.sample_batch("q", 1, timeout=2).data["obs"])
+            assert sampler.finish(wait=10).shape == (1, 4)
+            os.kill(proc.pid, signal.SIGCONT)
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0 and "checkpointed" in out
+            assert (tmp_path / "c.ckpt").exists()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            client.close()
 
 
 def test_temporaries_of_dead_writers_in_a_checkpoint_directory_are_removed(buffer_name, tmp_path):
@@ -293,6 +340,7 @@ _DAMAGE = {
     "order twice": dict(edit_file=_set_array("order", lambda a: a.__setitem__(1, a[0]))),
     "negative times": dict(edit_file=_set_array("times", lambda a: a.__setitem__(1, -3))),
     "nan priority": dict(edit_file=_set_array("priority", lambda a: a.__setitem__(1, np.nan))),
+    "inf priority": dict(edit_file=_set_array("priority", lambda a: a.__setitem__(1, np.inf))),
 }
 
 

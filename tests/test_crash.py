@@ -4,6 +4,7 @@ for more than about a second, never leaves a half-written item visible, and neve
 corrupts the derived structures.
 """
 
+import contextlib
 import ctypes
 import errno
 import multiprocessing
@@ -90,62 +91,62 @@ def test_lock_holder_sigkilled_does_not_wedge_others(buffer_name):
             client.close()
 
 
-def test_writer_dying_between_reserve_and_commit_frees_its_slot(buffer_name):
-    # A queue of one: the dead writer's reservation alone fills the rate limiter.
+@contextlib.contextmanager
+def _queue_of_one(buffer_name):
+    """A buffer with a queue ``q`` of one item: ``(server, client, engine)``."""
     with shmreplay.Server([shmreplay.Table.queue("q", 1, signature=ITEM8)],
                           name=buffer_name) as server:
         client = server.localhost_client()
-        engine = client._buffer.by_name["q"]
         try:
-            queue = SPAWN.Queue()
-            writer = SPAWN.Process(target=W.reserve_and_die, args=(server.name, "q", queue))
-            with W.processes(writer):
-                dead_slot = W.get(queue, 20, "reserved")
-                writer.join(10)
-            assert writer.exitcode == -signal.SIGKILL
-            assert engine.meta[dead_slot, L.M_STATE] == codes.WRITING  # nobody freed it yet
-            assert int(engine.ctrl[L.C_PENDING]) == 1
-            assert not engine.can_insert(1)  # the reservation counts against the limiter
-            # Even a call that does not wait frees it: refused, it looks for dead
-            # writers (at most every 0.2 s) and tries once more.
-            client.insert(_item(7), priorities={"q": 1.0}, timeout=0)
-            assert int(engine.ctrl[L.C_PENDING]) == 0
-            assert client.server_info()["q"].current_size == 1
-            assert client.verify("q") == []
-            # Only the live insert is visible; the half-written slot never is.
-            sample = client.sample_batch("q", 1, timeout=1)
-            assert sample.data["v"].tolist() == [7]
-            assert np.all(sample.data["x"] == 7.0)
-            with pytest.raises(errors.DeadlineExceededError):
-                client.sample_batch("q", 1, timeout=0.1)
-            assert client.verify("q") == []
+            yield server, client, client._buffer.by_name["q"]
         finally:
             client.close()
+
+
+def test_writer_dying_between_reserve_and_commit_frees_its_slot(buffer_name):
+    # A queue of one: the dead writer's reservation alone fills the rate limiter.
+    with _queue_of_one(buffer_name) as (server, client, engine):
+        queue = SPAWN.Queue()
+        writer = SPAWN.Process(target=W.reserve_and_die, args=(server.name, "q", queue))
+        with W.processes(writer):
+            dead_slot = W.get(queue, 20, "reserved")
+            writer.join(10)
+        assert writer.exitcode == -signal.SIGKILL
+        assert engine.meta[dead_slot, L.M_STATE] == codes.WRITING  # nobody freed it yet
+        assert int(engine.ctrl[L.C_PENDING]) == 1
+        assert not engine.can_insert(1)  # the reservation counts against the limiter
+        # Even a call that does not wait frees it: refused, it looks for dead
+        # writers (at most every 0.2 s) and tries once more.
+        client.insert(_item(7), priorities={"q": 1.0}, timeout=0)
+        assert int(engine.ctrl[L.C_PENDING]) == 0
+        assert client.server_info()["q"].current_size == 1
+        assert client.verify("q") == []
+        # Only the live insert is visible; the half-written slot never is.
+        sample = client.sample_batch("q", 1, timeout=1)
+        assert sample.data["v"].tolist() == [7]
+        assert np.all(sample.data["x"] == 7.0)
+        with pytest.raises(errors.DeadlineExceededError):
+            client.sample_batch("q", 1, timeout=0.1)
+        assert client.verify("q") == []
 
 
 def test_a_refused_call_reclaims_a_dead_writers_slot_at_most_every_fifth_second(buffer_name):
-    with shmreplay.Server([shmreplay.Table.queue("q", 1, signature=ITEM8)],
-                          name=buffer_name) as server:
-        client = server.localhost_client()
-        engine = client._buffer.by_name["q"]
-        try:
-            client.insert(_item(1), priorities={"q": 1.0}, timeout=0)  # q is full
-            with pytest.raises(errors.DeadlineExceededError):  # nothing to reclaim
-                client.insert(_item(2), priorities={"q": 1.0}, timeout=0)
-            queue = SPAWN.Queue()
-            writer = SPAWN.Process(target=W.reserve_and_die, args=(server.name, "q", queue))
-            client.sample_batch("q", 1, timeout=1)  # room for the dying writer
-            with W.processes(writer):
-                W.get(queue, 20, "reserved")
-                writer.join(10)
-            assert int(engine.ctrl[L.C_PENDING]) == 1
-            time.sleep(0.25)  # past the last scan's 0.2 s
-            client.insert(_item(3), priorities={"q": 1.0}, timeout=0)
-            assert int(engine.ctrl[L.C_PENDING]) == 0
-            assert client.sample_batch("q", 1, timeout=1).data["v"].tolist() == [3]
-            assert client.verify("q") == []
-        finally:
-            client.close()
+    with _queue_of_one(buffer_name) as (server, client, engine):
+        client.insert(_item(1), priorities={"q": 1.0}, timeout=0)  # q is full
+        with pytest.raises(errors.DeadlineExceededError):  # nothing to reclaim
+            client.insert(_item(2), priorities={"q": 1.0}, timeout=0)
+        queue = SPAWN.Queue()
+        writer = SPAWN.Process(target=W.reserve_and_die, args=(server.name, "q", queue))
+        client.sample_batch("q", 1, timeout=1)  # room for the dying writer
+        with W.processes(writer):
+            W.get(queue, 20, "reserved")
+            writer.join(10)
+        assert int(engine.ctrl[L.C_PENDING]) == 1
+        time.sleep(0.25)  # past the last scan's 0.2 s
+        client.insert(_item(3), priorities={"q": 1.0}, timeout=0)
+        assert int(engine.ctrl[L.C_PENDING]) == 0
+        assert client.sample_batch("q", 1, timeout=1).data["v"].tolist() == [3]
+        assert client.verify("q") == []
 
 
 def test_verify_reclaims_slots_of_dead_writers(buffer_name):

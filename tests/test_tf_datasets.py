@@ -39,6 +39,11 @@ def uniform(name="u", max_size=100, min_size=1):
                            rate_limiters.MinSize(min_size))
 
 
+def prioritized(name="p", max_size=50):
+    return shmreplay.Table(name, selectors.Prioritized(1.0), selectors.Fifo(), max_size,
+                           rate_limiters.MinSize(1))
+
+
 def trajectory_dataset(name, table, **kwargs):
     kwargs.setdefault("max_in_flight_samples_per_worker", 2)
     return shmreplay_tf.TrajectoryDataset(name, table, ITEM, ITEM_SHAPES, **kwargs)
@@ -297,8 +302,7 @@ def test_make_dataset_acme_style_options():
 # --- the tf_agents-style buffer --------------------------------------------------------------
 
 def test_tf_agents_style_replay_buffer():
-    with serve(shmreplay.Table("p", selectors.Prioritized(1.0), selectors.Fifo(), 50,
-                               rate_limiters.MinSize(1))) as (name, client):
+    with serve(prioritized()) as (name, client):
         fill(client, "p", range(10))
         buffer = shmreplay_tf.ReplayBuffer(name, "p")
         try:
@@ -409,8 +413,7 @@ def test_from_table_signature_waits_for_the_buffer_up_to_its_timeout():
 
 
 def test_tf_agents_style_buffer_in_a_tf_function_and_single_pass_rules():
-    with serve(shmreplay.Table("p", selectors.Prioritized(1.0), selectors.Fifo(), 50,
-                               rate_limiters.MinSize(1))) as (name, client):
+    with serve(prioritized()) as (name, client):
         fill(client, "p", range(4))
         buffer = shmreplay_tf.ReplayBuffer(name, "p")
         try:

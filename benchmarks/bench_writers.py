@@ -24,6 +24,17 @@ mechanism floor            what any writer of 1-step items must do, with none of
                            checks or bookkeeping (private calls): one native call that
                            reserves a slot and a row, ``column[row] = step[k]`` per
                            field, one native call that commits
+TrajectoryWriter calls     the TrajectoryWriter case's per-step code (``append``, four
+alone                      ``history[k][-3:]``, ``create_item``) over a writer that does
+                           only what cannot be skipped: ``append`` checks each field's
+                           type, dtype and shape against the first step's; refs and
+                           columns are tuples, the cheapest Python objects; ``create_item``
+                           checks that each leaf is a column. No copy, no storage
+TrajectoryWriter lower     those calls plus the mechanism floor (the step reserved, copied
+bound                      and committed from the caller's arrays, as a 1-step item): less
+                           than any TrajectoryWriter written in Python over these kernels
+                           can cost, since it skips the copy at ``append``, the other
+                           checks, and all bookkeeping (refs, episodes, expiry)
 cpprb add                  ``ReplayBuffer(N, env_dict).add(**step)``
 cpprb add, next_of         ``ReplayBuffer(..., next_of=("obs",))``; the step plus next_obs
                            (stored once: cpprb's memory saving for overlapping data)
@@ -87,7 +98,7 @@ FRAMES_TARGET_RATIO = 2.0
 ISSUE_REVERB_US = 290.0
 REVERB_BLOCK = 200
 TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "insert": "insert",
-          "floor": "floor"}
+          "floor": "floor", "traj_floor": "traj_floor"}
 LIBS = ("numpy", "shmreplay", "cpprb", "reverb")
 
 # case key -> (library, label), in print order
@@ -98,6 +109,8 @@ CASES = {
     "shm_traj3": ("shmreplay", "shmreplay TrajectoryWriter(3), 3-step items"),
     "shm_insert": ("shmreplay", "shmreplay Client.insert (whole 1-step item)"),
     "shm_floor": ("shmreplay", "mechanism floor: reserve, row copies, commit"),
+    "calls_traj3": ("numpy", "TrajectoryWriter calls alone, over a writer doing nothing"),
+    "shm_traj_floor": ("shmreplay", "TrajectoryWriter lower bound: those calls + the floor"),
     "cpprb_add": ("cpprb", "cpprb add"),
     "cpprb_next_of": ("cpprb", "cpprb add, next_of=obs"),
     "cpprb_stack": ("cpprb", "cpprb add, next_of + stack_compress=obs"),
@@ -208,14 +221,16 @@ def shm_case(key, client, steps):
         return insert_one, None
     if key == "shm_floor":
         return floor_case(client, steps, nxt)
+    if key == "shm_traj_floor":
+        floor, _ = floor_case(client, steps, nxt, TABLES["traj_floor"])
+        return trajectory_calls_case(steps, nxt, floor)
     raise KeyError(key)
 
 
-def floor_case(client, steps, nxt):
+def floor_case(client, steps, nxt, table=TABLES["floor"]):
     """The mechanism alone (private API): reserve a slot and a fresh row, copy the step's
     fields into the row, commit. A writer's first item defines the table's storage."""
     from shmreplay._kernels import table as kernels
-    table = TABLES["floor"]
     with client.writer(1) as w:
         w.append(steps[0])
         w.create_item(table, 1, 1.0)
@@ -230,8 +245,9 @@ def floor_case(client, steps, nxt):
     io, prob = np.zeros(3, np.int64), np.empty(2, np.float64)
     pid = os.getpid()
 
-    def floor():
-        step = nxt()
+    def floor(step=None):
+        if step is None:
+            step = nxt()
         slot = kernels.reserve_item(*arrays, known_rows, known_gens, ref_steps, pid, 0, 0,
                                     out_rows, out_fresh, io)
         if slot < 0:
@@ -241,6 +257,66 @@ def floor_case(client, steps, nxt):
             column[row] = step[key]
         kernels.commit_one(*arrays, slot, 1.0, prob)
     return floor, None
+
+
+class _BareColumns:
+    """``history[k]`` of the bare writer: slicing gives a column (a tuple)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __getitem__(self, index):
+        return (self.key, index)
+
+
+class _BareTrajectoryWriter:
+    """TrajectoryWriter's call shapes with no work behind them (see "TrajectoryWriter
+    calls alone"): ``append`` checks each field's type, dtype and shape against the first
+    step's and returns a ref per field, ``history[k][i]`` is a column, ``create_item``
+    checks each leaf is a column and hands the last step to ``store``."""
+
+    def __init__(self, keys, store):
+        self.history = {key: _BareColumns(key) for key in keys}
+        self._store = store
+        self._first = None
+        self._step = None
+        self._count = 0
+
+    def append(self, data):
+        # The one check the API cannot skip: each field's type, dtype and shape against
+        # the first step's (a mismatch must raise before anything is written).
+        first = self._first
+        if first is None:
+            first = self._first = {k: (type(v), v.dtype, v.shape) for k, v in data.items()}
+        for key, value in data.items():
+            kind, dtype, shape = first[key]
+            if type(value) is not kind or value.dtype != dtype or value.shape != shape:
+                raise TypeError(f"field {key}: {value!r} does not match the first step")
+        self._step = data
+        self._count += 1
+        count = self._count
+        return {key: (count, key) for key in data}
+
+    def create_item(self, table, priority, trajectory):
+        for column in trajectory.values():
+            if type(column) is not tuple:
+                raise TypeError(f"{table}: not a column: {column!r}")
+        if self._store is not None:
+            self._store(self._step)
+
+
+def trajectory_calls_case(steps, nxt, store=None):
+    """The TrajectoryWriter case's per-step code over ``_BareTrajectoryWriter``."""
+    tw = _BareTrajectoryWriter(list(steps[0]), store)
+    table = TABLES["traj3"]
+
+    def calls():
+        step = nxt()
+        tw.append(step)
+        tw.create_item(table, 1.0, {k: tw.history[k][-3:] for k in step})
+    return calls, None
 
 
 def cpprb_case(key, cpprb, ds, steps, next_obs):
@@ -438,9 +514,10 @@ def run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors):
 
     keys = []
     if "numpy" in libs:
-        keys.append("raw")
+        keys += ["raw", "calls_traj3"]
     if shm is not None:
-        keys += ["shm_legacy1", "shm_legacy3", "shm_traj3", "shm_insert", "shm_floor"]
+        keys += ["shm_legacy1", "shm_legacy3", "shm_traj3", "shm_insert", "shm_floor",
+                 "shm_traj_floor"]
     if cpprb is not None:
         keys += ["cpprb_add", "cpprb_next_of"] + (["cpprb_stack"] if dname == "frames" else [])
         keys.append("cpprb_nstep")
@@ -467,6 +544,8 @@ def run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors):
                     rss0 = rss_bytes()
                     if key == "raw":
                         fn, close = raw_case(ds, steps)
+                    elif key == "calls_traj3":
+                        fn, close = trajectory_calls_case(steps, cycler(steps))
                     elif lib == "shmreplay":
                         fn, close = shm_case(key, client, steps)
                     else:
@@ -633,6 +712,11 @@ def build_report(info, args, timing, results, reverb, errors):
                 r = _div(m, raw)
                 t[key] = {"us": m, "ratio_to_raw": r, "target": f"<= {FRAMES_TARGET_RATIO:g}x raw",
                           "met": None if r is None else r <= FRAMES_TARGET_RATIO}
+        bound = _us(res, "shm_traj_floor")
+        if dname == "frames" and bound is not None:
+            # Not a writer: what any Python TrajectoryWriter over these kernels exceeds.
+            t["shm_traj_floor"] = {"us": bound, "ratio_to_raw": _div(bound, raw),
+                                   "target": "lower bound, not judged", "met": None}
         if args.quick:  # first touches of unfilled tables and rings dominate: no verdict
             for v in t.values():
                 v["met"] = None

@@ -28,8 +28,23 @@ from shmreplay.writer import Writer
 
 __version__ = "0.1.0"
 
+# Reverb's name for the base of its errors, so ``except reverb.ReverbError`` keeps working
+# after ``import shmreplay as reverb``.
+ReverbError = ShmReplayError
+
+# Reverb's datasets, at the top level as in Reverb; they need TensorFlow, so they are
+# imported from ``shmreplay.tf`` on first use, not with this package.
+_FROM_TF = ("TimestepDataset", "TrajectoryDataset")
+
+
+def __getattr__(name):
+    if name in _FROM_TF:
+        from shmreplay import tf
+        return getattr(tf, name)
+    raise AttributeError(f"module 'shmreplay' has no attribute {name!r}")
+
 __all__ = [
-    "Client", "DeadlineExceededError", "ReplaySample", "SampleInfo", "Server",
+    "Client", "DeadlineExceededError", "ReplaySample", "ReverbError", "SampleInfo", "Server",
     "ShmReplayError", "Table", "TableInfo", "TensorSpec", "TrajectoryColumn",
     "TrajectoryWriter", "Writer", "checkpointers", "errors", "rate_limiters", "selectors",
 ]

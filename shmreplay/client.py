@@ -471,7 +471,12 @@ def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
         refused = None
         try:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            reserved[first] = engines[first].reserve_items(count, remaining)
+            try:
+                reserved[first] = engines[first].reserve_items(count, remaining)
+            except errors.DeadlineExceededError:
+                raise errors.DeadlineExceededError(  # name the caller's timeout, not the rest
+                    f"Table '{engines[first].name}': the rate limiter did not allow the "
+                    f"insert within the timeout of {timeout} s.") from None
             for i, engine in enumerate(engines):
                 if reserved[i] is None:
                     try:

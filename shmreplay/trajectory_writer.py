@@ -238,8 +238,10 @@ class TrajectoryWriter:
         self._paths_of = {}           # treedef of appended data -> its leaves' paths
         self._next_uid = None         # the uid of the step being appended
         self._flat = None             # (keys, paths) when the last step was a flat dict
+        self._whole_steps = None      # _WholeSteps while steps are whole flat dicts
         self._history = None          # the cached `history` nest
         self._item_layouts = {}       # a flat dict trajectory's keys -> (keys, treedef, paths)
+        self._usual_items = {}        # (table, flat dict trajectory's keys) -> _UsualItem
         self._open = None             # the open step's {path: ref} (after a partial append)
         self._tables = {}             # engine name -> _writing.TableRows
         self._pending = _writing.PendingItems()
@@ -261,6 +263,13 @@ class TrajectoryWriter:
           ValueError: a field is set twice in the same (open) step.
         """
         self._check_open()
+        whole = self._whole_steps
+        if (whole is not None and not partial_step and self._open is None
+                and type(data) is dict and len(data) == len(whole.keys)):
+            values = whole.convert(data)
+            if values is not None:
+                self._push_whole(values, whole)
+                return
         leaves = None
         flat = self._flat
         if flat is not None and type(data) is dict and len(data) == len(flat[0]):
@@ -321,6 +330,7 @@ class TrajectoryWriter:
                 column = columns[path] = _ColumnHistory(path, keep, history_steps)
                 self._root = _merge_structure(self._root, data)
                 self._history = None
+                self._whole_steps = None
             refs = column.refs
             if column.start + len(refs) < history_steps:
                 column.extend_to(history_steps)
@@ -344,6 +354,36 @@ class TrajectoryWriter:
             for column in columns.values():
                 if column.start + len(column.refs) < steps:
                     column.extend_to(steps)
+        elif (self._whole_steps is None and self._flat is not None
+              and len(self._flat[1]) == len(columns)):
+            # A flat dict of every field: the next such steps may take the short path.
+            keys, paths = self._flat
+            self._whole_steps = _WholeSteps(
+                keys, paths, [columns[path] for path in paths],
+                [first_values[path] for path in paths])
+        self._after_step()
+
+    def _push_whole(self, values, whole):
+        """``append``'s end for a whole step of ``whole``'s fields (checked values)."""
+        uid = self._next_uid
+        if uid is None:
+            uid = next(self._uids)
+        self._next_uid = None
+        episode = self._episode
+        StepRef = _writing.StepRef
+        for path, column, value in zip(whole.paths, whole.columns, values):
+            refs = column.refs
+            refs.append(StepRef(uid, episode, path, value))
+            if len(refs) > column.keep:
+                old = refs.popleft()
+                if old is not None:
+                    old.expired = True
+                column.start += 1
+        self._episode_steps += 1
+        self._history_steps += 1
+        self._after_step()
+
+    def _after_step(self):
         if self._pending:
             self._pending.drain(0.0)
         if self._episode_steps % 256 == 0:
@@ -439,8 +479,13 @@ class TrajectoryWriter:
         """
         if self._closed:
             raise errors.ClosedError("TrajectoryWriter was closed.")
+        if type(trajectory) is dict and not self._pending:
+            usual = self._usual_items.get((table, tuple(trajectory)))
+            if usual is not None and usual.insert(trajectory, priority):
+                return
         known = self._item_layouts.get(tuple(trajectory)) if type(trajectory) is dict else None
         leaves = None
+        keys = None
         if known is not None:  # a dict with the keys of an earlier trajectory
             keys, treedef, paths = known
             leaves = [trajectory[key] for key in keys]
@@ -513,6 +558,9 @@ class TrajectoryWriter:
             # The usual item (planned before, every column over the same steps, nothing
             # waiting ahead of it) goes in without making its ItemColumns, if the rate
             # limiter admits it now; otherwise it waits like any other (below).
+            if window_ends and keys is not None and len({n for _, n, _ in shape}) == 1:
+                self._usual_items[(table, tuple(trajectory))] = _UsualItem(
+                    keys, [source for source, _, _ in shape], len(uids), rows, plan)
             try:
                 _writing.insert_uniform_refs(rows, plan, column_refs, uids, prio, 0.0)
                 return
@@ -587,6 +635,7 @@ class TrajectoryWriter:
                     column.expire_all()
                 self._columns = {path: _ColumnHistory(path, column.keep)
                                  for path, column in self._columns.items()}
+                self._whole_steps = None
                 self._history = None
                 self._history_steps = 0
             self._forget_old_rows()
@@ -621,6 +670,97 @@ class TrajectoryWriter:
 
     def __del__(self):
         self._closed = True
+
+
+class _WholeSteps:
+    """The writer's fields while every step is a whole flat dict of all of them (the
+    usual actor): ``append`` checks and copies such a step field by field, and pushes
+    it onto the columns, without flattening it or looking fields up by path."""
+
+    __slots__ = ("keys", "paths", "columns", "firsts")
+
+    def __init__(self, keys, paths, columns, firsts):
+        self.keys = keys          # the dict's keys, in flattening order
+        self.paths = paths        # per key, the field's path
+        self.columns = columns    # per key, its _ColumnHistory
+        self.firsts = firsts      # per key, the field's first value (dtype and shape)
+
+    def convert(self, data):
+        """The step's values (arrays copied, Python scalars as the general path converts
+        them), or None if a key is missing or a value is not a numpy array or scalar, or a
+        Python scalar, of the field's dtype and shape (the general path then converts, or
+        explains)."""
+        values = []
+        try:
+            for key, first in zip(self.keys, self.firsts):
+                leaf = data[key]
+                kind = type(leaf)
+                if kind is np.ndarray:
+                    if leaf.shape != first.shape or not (
+                            leaf.dtype is first.dtype or leaf.dtype == first.dtype):
+                        return None
+                    values.append(leaf.copy())  # the caller may reuse its array
+                elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
+                      and leaf.dtype == first.dtype):
+                    values.append(leaf)  # immutable: kept as is
+                elif kind in _PY_DTYPES and first.shape == ():
+                    value = np.asarray(leaf, _PY_DTYPES[kind])
+                    if value.dtype != first.dtype:
+                        return None
+                    values.append(value)
+                else:
+                    return None
+        except KeyError:
+            return None
+        return values
+
+
+class _UsualItem:
+    """A writer's usual item for one table, recognised from its trajectory's keys: a flat
+    dict of history windows (``history[k][-n:]``) of one length over the same steps,
+    planned before as a uniform item. ``insert`` checks that this trajectory is one and
+    inserts it, skipping the general path's flattening and planning."""
+
+    __slots__ = ("keys", "sources", "length", "rows", "plan")
+
+    def __init__(self, keys, sources, length: int, rows, plan):
+        self.keys = keys          # the trajectory's keys, in flattening order
+        self.sources = sources    # per key, the history field its window must read
+        self.length = length
+        self.rows = rows
+        self.plan = plan
+
+    def insert(self, trajectory, priority) -> bool:
+        """Inserts ``trajectory`` if it is this usual item and the rate limiter admits it
+        now; False if not (nothing done: the general path checks and explains)."""
+        column_refs = []
+        length = self.length
+        ends = None
+        for key, source in zip(self.keys, self.sources):
+            column = trajectory[key]
+            if type(column) is not TrajectoryColumn or not column._window:
+                return False
+            refs = column._refs
+            first, last = refs[0], refs[-1]
+            # A window holds consecutive steps of one field, oldest first: checking its
+            # ends checks it all (as in the general path).
+            if len(refs) != length or first.path != source or first.expired:
+                return False
+            if ends is None:
+                ends = (first.uid, last.uid, first.episode)
+            elif (first.uid, last.uid, first.episode) != ends:
+                return False
+            if last.episode != first.episode:
+                return False
+            column_refs.append(refs)
+        rows = self.rows
+        prio = _writing.check_priority(rows.engine, priority)
+        uids = [ref.uid for ref in column_refs[0]]
+        try:
+            _writing.insert_uniform_refs(rows, self.plan, column_refs, uids, prio, 0.0)
+        except errors.DeadlineExceededError:
+            return False
+        return True
 
 
 # --- the structure of `history` --------------------------------------------------------

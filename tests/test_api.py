@@ -196,3 +196,12 @@ def test_import_loads_no_tensorflow_or_jax_and_compiles_nothing():
             "assert 'tensorflow' not in sys.modules and 'jax' not in sys.modules\n"
             "assert not any(getattr(getattr(table, n), 'signatures', None) for n in dir(table))\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_reverb_top_level_names():
+    # ``import shmreplay as reverb``: Reverb's base error catches ours; its datasets are
+    # at the top level (imported from shmreplay.tf on first use: tested with TF).
+    assert shmreplay.ReverbError is shmreplay.ShmReplayError
+    assert issubclass(shmreplay.DeadlineExceededError, shmreplay.ReverbError)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        shmreplay.NoSuchName  # noqa: B018

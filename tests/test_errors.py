@@ -301,8 +301,9 @@ def test_timeout_and_oversized_batches_leave_the_table_unchanged(populated):
     with unchanged(client):
         with pytest.raises(errors.DeadlineExceededError):
             client.insert(item(3), priorities={"q": 1.0}, timeout=0.1)
-        # one full table blocks the whole insert: 'sig' must not get its item either
-        with pytest.raises(TimeoutError):
+        # one full table blocks the whole insert: 'sig' must not get its item either;
+        # the message names the full table and the caller's timeout
+        with pytest.raises(TimeoutError, match=all_of("'q'", "timeout of 0.1 s")):
             client.insert(item(3), priorities={"sig": 1.0, "q": 1.0}, timeout=0.1)
         # a batch the queue's limiter can never admit is refused at once
         with pytest.raises(ValueError, match=all_of("'q'", "4", "(?i)split")):

@@ -432,3 +432,8 @@ def test_tf_agents_style_buffer_in_a_tf_function_and_single_pass_rules():
                 buffer.as_dataset(sample_batch_size=2, single_deterministic_pass=True)
         finally:
             buffer.close()
+
+
+def test_datasets_are_reachable_from_the_top_level_as_in_reverb():
+    assert shmreplay.TrajectoryDataset is shmreplay_tf.TrajectoryDataset
+    assert shmreplay.TimestepDataset is shmreplay_tf.TimestepDataset

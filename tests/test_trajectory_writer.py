@@ -1130,3 +1130,117 @@ def test_a_nested_value_after_flat_steps_becomes_new_columns():
         history = writer.history
         assert values(history["x"], 3) == [1, 3, 5]
         assert values(history["y"]["z"], 3) == [None, 4, None]
+
+
+# --------------------------------------------------------------------------------------
+# the short paths: whole flat steps, and a writer's usual item
+# --------------------------------------------------------------------------------------
+# After a few whole flat steps, ``append`` and ``create_item`` take shorter paths. These
+# tests first establish them, then give input the short paths must not accept as usual.
+
+def usual_items(writer, n=3):
+    """Appends ``n`` whole steps ``{a: float32 i, b: float32 10*i}`` (continuing the
+    writer's count) and creates the usual item ``{a, b: history[-2:]}`` after each."""
+    start = writer.episode_steps
+    for i in range(start, start + n):
+        writer.append({"a": np.float32(i), "b": np.float32(10 * i)})
+        if writer.episode_steps >= 2:
+            writer.create_item("q", 1.0, {k: writer.history[k][-2:] for k in ("a", "b")})
+
+
+def drain(client, table="q"):
+    """Every item of a queue table, oldest first, as ``{field: list}``."""
+    out = []
+    while size(client, table):
+        out.append({k: v.tolist() for k, v in one(client, table).items()})
+    return out
+
+
+def test_whole_steps_are_checked_copied_and_converted_like_any_step():
+    with serve(queue("q", 50), queue("r", 50)) as (server, client), \
+            trajectory_writer(client, 3) as writer:
+        usual_items(writer)
+        before = drain(client)
+        assert before == [{"a": [0, 1], "b": [0, 10]}, {"a": [1, 2], "b": [10, 20]}]
+        with pytest.raises(errors.SchemaError, match="'b'"):
+            writer.append({"a": np.float32(3), "b": np.float64(30)})
+        with pytest.raises(errors.SchemaError, match="'a'"):
+            writer.append({"a": np.zeros(2, np.float32), "b": np.float32(30)})
+        with pytest.raises(errors.SchemaError, match="'a'"):
+            writer.append({"a": 3, "b": np.float32(30)})  # a Python int is int64
+        assert writer.episode_steps == 3  # nothing appended
+        # The caller's array is copied at append: changing it later changes nothing.
+        with trajectory_writer(client, 3) as arrays:
+            buf = np.array([1.0, 2.0], np.float32)
+            for i in range(3):
+                buf[:] = [i, -i]
+                arrays.append({"v": buf, "w": i})
+            buf[:] = 99
+            arrays.create_item("r", 1.0, {"v": arrays.history["v"][-3:],
+                                          "w": arrays.history["w"][-3:]})
+            arrays.flush(timeout_ms=1000)
+            assert drain(client, "r") == [{"v": [[0, 0], [1, -1], [2, -2]], "w": [0, 1, 2]}]
+
+
+def test_a_step_with_other_keys_after_whole_steps_takes_new_columns():
+    with serve(queue("q", 50)) as (server, client), trajectory_writer(client, 3) as writer:
+        usual_items(writer)
+        writer.append({"a": np.float32(3), "c": np.float32(-3)})  # no 'b', a new 'c'
+        history = writer.history
+        assert values(history["b"], 4) == [None, 10, 20, None]  # step 0 expired
+        assert values(history["c"], 4) == [None, None, None, -3]
+        writer.append({"a": np.float32(4), "b": np.float32(40), "c": np.float32(-4)})
+        writer.append({"a": np.float32(5), "b": np.float32(50), "c": np.float32(-5)})
+        assert values(writer.history["a"], 6) == [None, None, None, 3, 4, 5]  # kept 3
+        assert values(writer.history["b"], 6) == [None, None, None, None, 40, 50]
+
+
+def test_end_episode_clearing_buffers_resets_the_short_path():
+    with serve(queue("q", 50)) as (server, client), trajectory_writer(client, 3) as writer:
+        usual_items(writer)
+        writer.end_episode(clear_buffers=True)
+        drain(client)
+        for i in (7, 8, 9):
+            writer.append({"a": np.float32(i), "b": np.float32(10 * i)})
+        assert values(writer.history["a"], 3) == [7, 8, 9]
+        writer.create_item("q", 1.0, {k: writer.history[k][-2:] for k in ("a", "b")})
+        writer.flush(timeout_ms=1000)
+        assert drain(client) == [{"a": [8, 9], "b": [80, 90]}]
+
+
+def test_usual_item_keys_over_other_fields_are_not_taken_as_usual():
+    with serve(queue("q", 50)) as (server, client), trajectory_writer(client, 3) as writer:
+        usual_items(writer)
+        drain(client)
+        h = writer.history
+        writer.create_item("q", 1.0, {"a": h["b"][-2:], "b": h["a"][-2:]})  # swapped
+        writer.flush(timeout_ms=1000)
+        assert drain(client) == [{"a": [10, 20], "b": [1, 2]}]
+
+
+def test_usual_item_keys_over_other_steps_are_not_taken_as_usual():
+    with serve(queue("q", 50)) as (server, client), trajectory_writer(client, 3) as writer:
+        usual_items(writer)
+        drain(client)
+        # 'a' of an open step: its window ends one step later than b's.
+        writer.append({"a": np.float32(3)}, partial_step=True)
+        h = writer.history
+        writer.create_item("q", 1.0, {"a": h["a"][-2:], "b": h["b"][-2:]})
+        writer.flush(timeout_ms=1000)
+        assert drain(client) == [{"a": [2, 3], "b": [10, 20]}]
+
+
+def test_usual_item_keys_over_expired_or_two_episodes_refs_are_refused():
+    with serve(queue("q", 50)) as (server, client), trajectory_writer(client, 3) as writer:
+        usual_items(writer)
+        old = {k: writer.history[k][-2:] for k in ("a", "b")}   # steps 1, 2
+        usual_items(writer, 2)                                  # steps 3, 4: 1 expires
+        with pytest.raises(ValueError, match="expired"):
+            writer.create_item("q", 1.0, old)
+        writer.end_episode(clear_buffers=False)
+        last = writer.history["b"][-2:]                         # steps 3, 4
+        writer.append({"a": np.float32(5), "b": np.float32(50)})
+        with pytest.raises(ValueError, match="episode"):
+            writer.create_item("q", 1.0, {"a": writer.history["a"][-2:], "b": last})
+        writer.flush(timeout_ms=1000)
+        assert len(drain(client)) == 4  # the usual items only

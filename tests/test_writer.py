@@ -380,7 +380,9 @@ def test_python_scalars_are_stored_only_when_the_column_holds_them_exactly():
                    ({"k": -1}, "k", "int -1"),
                    ({"reward": True}, "reward", "bool True"),
                    ({"reward": 2**24 + 1}, "reward", "int 16777217"),  # rounds in float32
-                   ({"reward": 10**40}, "reward", "int 1")]          # inf in float32
+                   ({"reward": 10**40}, "reward", "int 1"),          # inf in float32
+                   ({"reward": 1e300}, "reward", "float 1e.300: it overflows"),
+                   ({"action": 5.0}, "action", "float 5.0: a Python float is never")]
             for change, column, what in bad:
                 step = {"action": 2, "done": True, "k": 2, "reward": 1.5}
                 step.update(change)
@@ -388,11 +390,15 @@ def test_python_scalars_are_stored_only_when_the_column_holds_them_exactly():
                     writer.append(step)
             assert writer.num_steps == 1
             writer.append({"action": 2, "done": True, "k": 2, "reward": 1})  # exact: stored
-            assert writer.num_steps == 2
-            writer.create_item("q", 2, 1.0)
+            # a float is rounded to a float field's precision; inf and nan are floats too
+            writer.append({"action": 3, "done": False, "k": 3, "reward": 0.1})
+            writer.append({"action": 4, "done": False, "k": 4, "reward": float("inf")})
+            assert writer.num_steps == 4
+            writer.create_item("q", 4, 1.0)
         s = drain(client, "q")
         assert {k: np.asarray(v).tolist() for k, v in s.data.items()} == {
-            "action": [[1, 2]], "done": [[False, True]], "k": [[1, 2]], "reward": [[0.5, 1.0]]}
+            "action": [[1, 2, 3, 4]], "done": [[False, True, False, False]],
+            "k": [[1, 2, 3, 4]], "reward": [[0.5, 1.0, np.float32(0.1), np.inf]]}
         assert s.data["k"].dtype == np.uint8 and s.data["reward"].dtype == np.float32
 
 

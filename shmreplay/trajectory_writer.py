@@ -320,42 +320,42 @@ class TrajectoryWriter:
         if uid is None:
             uid = self._next_uid = next(self._uids)
         columns = self._columns
-        history_steps = self._history_steps
+        opening = self._open is None
+        if opening:
+            # As in Reverb, a new step (even a partial one) takes a position in every
+            # column at once, None until its field is given: ``history[k][-n:]`` reads
+            # the same steps for every field while a step is open.
+            self._history_steps += 1
+        position = self._history_steps - 1  # the step's position in the history
         episode = self._episode
         for path, value in converted:
             column = columns.get(path)
             if column is None:
                 first_values.setdefault(path, value)
                 keep = self._column_keep.get(path, self._keep)
-                column = columns[path] = _ColumnHistory(path, keep, history_steps)
+                column = columns[path] = _ColumnHistory(path, keep, position)
                 self._root = _merge_structure(self._root, data)
                 self._history = None
                 self._whole_steps = None
-            refs = column.refs
-            if column.start + len(refs) < history_steps:
-                column.extend_to(history_steps)
             ref = _writing.StepRef(uid, episode, path, value)
-            refs.append(ref)
-            if len(refs) > column.keep:
-                old = refs.popleft()
-                if old is not None:
-                    old.expired = True
-                column.start += 1
+            if len(column) > position:  # the open step's placeholder
+                column.refs[-1] = ref
+            else:
+                column.extend_to(position)
+                column.push(ref)
             step[path] = ref
+        if opening and len(step) < len(columns):  # placeholders for the absent fields
+            for column in columns.values():
+                if len(column) <= position:
+                    column.extend_to(position + 1)
         if partial_step:
             self._open = step
             return
         self._open = None
         self._episode_steps += 1
-        self._history_steps += 1
         self._next_uid = None
-        if len(step) < len(columns):  # some fields are absent from this step: pad them
-            steps = self._history_steps
-            for column in columns.values():
-                if column.start + len(column.refs) < steps:
-                    column.extend_to(steps)
-        elif (self._whole_steps is None and self._flat is not None
-              and len(self._flat[1]) == len(columns)):
+        if (len(step) == len(columns) and self._whole_steps is None
+                and self._flat is not None and len(self._flat[1]) == len(columns)):
             # A flat dict of every field: the next such steps may take the short path.
             keys, paths = self._flat
             self._whole_steps = _WholeSteps(

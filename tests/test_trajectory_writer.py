@@ -1222,12 +1222,37 @@ def test_usual_item_keys_over_other_steps_are_not_taken_as_usual():
     with serve(queue("q", 50)) as (server, client), trajectory_writer(client, 3) as writer:
         usual_items(writer)
         drain(client)
-        # 'a' of an open step: its window ends one step later than b's.
-        writer.append({"a": np.float32(3)}, partial_step=True)
-        h = writer.history
-        writer.create_item("q", 1.0, {"a": h["a"][-2:], "b": h["b"][-2:]})
+        earlier = writer.history["a"][-2:]  # steps 1, 2: a window taken one step ago
+        writer.append({"a": np.float32(3), "b": np.float32(30)})
+        writer.create_item("q", 1.0, {"a": earlier, "b": writer.history["b"][-2:]})
         writer.flush(timeout_ms=1000)
-        assert drain(client) == [{"a": [2, 3], "b": [10, 20]}]
+        assert drain(client) == [{"a": [1, 2], "b": [20, 30]}]
+
+
+def test_a_step_takes_a_position_in_every_column_when_it_opens():
+    # As in Reverb: the open step's absent fields read as None, so windows of different
+    # fields cover the same steps (Acme's SequenceAdder cuts history[k][-n-1:-1] while
+    # the next observation's step is open).
+    with serve(queue("q", 50)) as (server, client), trajectory_writer(client, 4) as writer:
+        for t in range(3):
+            writer.append({"obs": np.int64(t)}, partial_step=True)
+            writer.append({"act": np.int64(100 + t)})
+        writer.append({"obs": np.int64(3)}, partial_step=True)
+        h = writer.history
+        with pytest.raises(ValueError, match="None"):
+            h["act"][-1]  # noqa: B018 - the open step has no action yet
+        writer.create_item("q", 1.0, {"obs": h["obs"][-4:-1], "act": h["act"][-4:-1]})
+        writer.flush(timeout_ms=1000)
+        assert drain(client) == [{"obs": [0, 1, 2], "act": [100, 101, 102]}]
+        writer.append({"act": np.int64(103)})  # completes step 3
+        writer.append({"x": np.int64(-4)}, partial_step=True)  # a new field, in a new step
+        assert values(writer.history["obs"], 5) == [None, 1, 2, 3, None]
+        assert values(writer.history["x"], 5) == [None, None, None, None, -4]
+        # end_episode with a step open ends that step as it is (its absent fields None)
+        writer.end_episode(clear_buffers=False)
+        writer.append({"obs": np.int64(5), "act": np.int64(105), "x": np.int64(-5)})
+        assert values(writer.history["act"], 6) == [None, None, 102, 103, None, 105]
+        assert writer.episode_steps == 1
 
 
 def test_usual_item_keys_over_expired_or_two_episodes_refs_are_refused():

@@ -1092,7 +1092,8 @@ def _flat_access(treedef):
     None when the nest is deeper (no fast path)."""
     node = specs.optree.treespec_entries(treedef)
     children = treedef.children()
-    if any(child.num_nodes != 1 for child in children):
+    # A None value is a node without leaves: entries and leaves would not pair up.
+    if any(child.num_nodes != 1 or child.num_leaves != 1 for child in children):
         return None
     if treedef.kind == specs.optree.PyTreeKind.DICT:
         return list(node)

@@ -458,10 +458,11 @@ def _all_writes(plan, columns, steps, entries, fresh):
 
 def flat_dict_keys(treedef):
     """The keys in flattening order if ``treedef`` is a dict of leaves, else None
-    (writers read such steps without flattening them)."""
+    (writers read such steps without flattening them). A None value is no leaf: a dict
+    with one is not flat (its keys and leaves would not pair up)."""
     if treedef.kind != specs.optree.PyTreeKind.DICT:
         return None
-    if any(child.num_nodes != 1 for child in treedef.children()):
+    if any(child.num_nodes != 1 or child.num_leaves != 1 for child in treedef.children()):
         return None
     return list(specs.optree.treespec_entries(treedef))
 

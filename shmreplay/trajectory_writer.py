@@ -131,6 +131,10 @@ class _ColumnHistory:
         self.keep = keep
         self.start = length      # episode position of refs[0]
         self.refs = collections.deque()
+        # The field's last ``keep`` values (no None). As in Reverb, a reference expires
+        # when ``keep`` newer values of its field came, not ``keep`` steps: a field that
+        # skips steps keeps its values longer than ``history`` shows them.
+        self.values = collections.deque()
 
     def __len__(self):
         return self.start + len(self.refs)
@@ -146,10 +150,17 @@ class _ColumnHistory:
     def _push(self, ref):
         self.refs.append(ref)
         if len(self.refs) > self.keep:
-            old = self.refs.popleft()
-            if old is not None:
-                old.expired = True
+            self.refs.popleft()
             self.start += 1
+        if ref is not None:
+            self.keep_alive(ref)
+
+    def keep_alive(self, ref):
+        """Counts ``ref`` as the field's newest value; the oldest beyond ``keep`` expires."""
+        values = self.values
+        values.append(ref)
+        if len(values) > self.keep:
+            values.popleft().expired = True
 
     def ref_at(self, position: int):
         length = len(self)
@@ -193,9 +204,8 @@ class _ColumnHistory:
         raise TypeError(f"history indices must be int, slice or list, not {index!r}.")
 
     def expire_all(self):
-        for ref in self.refs:
-            if ref is not None:
-                ref.expired = True
+        for ref in self.values:
+            ref.expired = True
 
     def __repr__(self):
         return f"ColumnHistory(path={self.path}, steps={len(self)})"
@@ -340,6 +350,7 @@ class TrajectoryWriter:
             ref = _writing.StepRef(uid, episode, path, value)
             if len(column) > position:  # the open step's placeholder
                 column.refs[-1] = ref
+                column.keep_alive(ref)
             else:
                 column.extend_to(position)
                 column.push(ref)
@@ -372,13 +383,17 @@ class TrajectoryWriter:
         episode = self._episode
         StepRef = _writing.StepRef
         for path, column, value in zip(whole.paths, whole.columns, values):
+            ref = StepRef(uid, episode, path, value)
             refs = column.refs
-            refs.append(StepRef(uid, episode, path, value))
-            if len(refs) > column.keep:
-                old = refs.popleft()
-                if old is not None:
-                    old.expired = True
+            refs.append(ref)
+            keep = column.keep
+            if len(refs) > keep:
+                refs.popleft()
                 column.start += 1
+            alive = column.values
+            alive.append(ref)
+            if len(alive) > keep:
+                alive.popleft().expired = True
         self._episode_steps += 1
         self._history_steps += 1
         self._after_step()
@@ -582,10 +597,9 @@ class TrajectoryWriter:
     def _forget_old_rows(self):
         oldest = None
         for column in self._columns.values():
-            for ref in column.refs:
-                if ref is not None:
-                    oldest = ref.uid if oldest is None else min(oldest, ref.uid)
-                    break
+            if column.values:  # oldest first
+                uid = column.values[0].uid
+                oldest = uid if oldest is None else min(oldest, uid)
         for _, _, columns, _, _ in self._pending.items:
             for column in columns:
                 for ref in column.refs:

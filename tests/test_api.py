@@ -97,6 +97,22 @@ def test_sample_generator_follows_reverb_shapes(buffer_name):
         client.close()
 
 
+def test_none_leaves_keep_their_place_in_the_sampled_nest(buffer_name):
+    # None is no column; sampled items have it where it was, and the other fields
+    # under their own names (a dict with a None value is not read as a flat dict).
+    tables = [shmreplay.Table.queue("d", 10), shmreplay.Table.queue("t", 10)]
+    with shmreplay.Server(tables, name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        for i in range(2):
+            client.insert({"a": None, "b": np.float32(i)}, {"d": 1.0})
+            client.insert((None, np.float32(i)), {"t": 1.0})
+        batch = client.sample_batch("d", 2, timeout=5).data
+        assert batch["a"] is None and batch["b"].tolist() == [0.0, 1.0]
+        first, second = client.sample_batch("t", 2, timeout=5).data
+        assert first is None and second.tolist() == [0.0, 1.0]
+        client.close()
+
+
 def test_importance_weights_match_the_formula(buffer_name):
     with shmreplay.Server([_table(sampler=selectors.Prioritized(1.0))], name=buffer_name) as server:
         client = shmreplay.Client(server.name)

@@ -1269,3 +1269,37 @@ def test_usual_item_keys_over_expired_or_two_episodes_refs_are_refused():
             writer.create_item("q", 1.0, {"a": writer.history["a"][-2:], "b": last})
         writer.flush(timeout_ms=1000)
         assert len(drain(client)) == 4  # the usual items only
+
+
+def test_a_none_field_in_a_flat_dict_is_skipped_not_shifted():
+    # {'a': None, 'b': x}: None is no value (as in Reverb), and the dict must not be
+    # read as a flat dict whose keys pair up with its leaves ('a' stored as 'b').
+    with serve() as (server, client), trajectory_writer(client, 2) as writer:
+        writer.append({"a": None, "b": np.float32(1)})
+        writer.append({"a": np.float32(2), "b": np.float32(3)})
+        writer.append({"a": np.float32(4), "b": np.float32(5)})
+        assert sorted(writer.history) == ["a", "b"]
+        writer.create_item("q", 1.0, {"a": writer.history["a"][-2:],
+                                      "b": writer.history["b"][-2:]})
+        writer.flush(timeout_ms=1000)
+        assert drain(client) == [{"a": [2, 4], "b": [3, 5]}]
+
+
+def test_a_field_that_skips_steps_expires_after_keep_newer_values():
+    # As in Reverb: num_keep_alive_refs counts a field's values, not steps; history
+    # shows only the last steps, but a column taken earlier stays usable.
+    with serve() as (server, client), trajectory_writer(client, 2) as writer:
+        writer.append({"obs": np.float32(0), "init": np.float32(42)})
+        init = writer.history["init"][-1]
+        for t in range(1, 4):
+            writer.append({"obs": np.float32(t)})
+        assert init.numpy() == 42
+        writer.create_item("q", 1.0, {"init": init, "obs": writer.history["obs"][-2:]})
+        writer.append({"obs": np.float32(4), "init": np.float32(43)})
+        writer.append({"obs": np.float32(5), "init": np.float32(44)})  # 42 expires
+        with pytest.raises(RuntimeError, match="expired"):
+            init.numpy()
+        with pytest.raises(ValueError, match="expired"):
+            writer.create_item("q", 1.0, {"init": init})
+        writer.flush(timeout_ms=1000)
+        assert drain(client) == [{"init": 42, "obs": [2, 3]}]

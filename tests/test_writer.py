@@ -764,3 +764,15 @@ def test_many_threads_with_short_lived_writers():
         s = client.sample_batch("t", batch_size=500, timeout=1)
         assert np.asarray(s.data["x"]).shape == (500, 1)
         assert set(np.asarray(s.data["x"]).reshape(-1).tolist()) <= set(range(200))
+
+
+def test_a_none_leaf_is_no_field_and_steps_keep_the_first_structure():
+    with serve(queue("q")) as (server, client):
+        with client.writer(2) as writer:
+            writer.append({"a": None, "b": np.float32(1)})
+            writer.append({"a": None, "b": np.float32(2)})
+            with pytest.raises(errors.SchemaError, match="structure"):
+                writer.append({"a": np.float32(9), "b": np.float32(3)})
+            writer.create_item("q", 2, 1.0)
+        s = drain(client, "q")
+        assert s.data["b"].tolist() == [[1, 2]] and s.data["a"] is None

@@ -123,12 +123,17 @@ _new_column = object.__new__
 class _ColumnHistory:
     """One field's references over the current episode, indexed by step in the episode.
 
-    Only the last ``keep`` references are kept; older positions read as None.
+    The last ``span`` steps are kept (the writer's largest ``num_keep_alive_refs``
+    when the column was created, or the field's own if larger); older positions read
+    as None. A reference expires after
+    ``keep`` newer values of its field (its configured ``num_keep_alive_refs``).
     """
 
-    def __init__(self, path, keep: int, length: int = 0):
+    def __init__(self, path, keep: int, length: int = 0, span: int = 0):
         self.path = path
+        self.named = path        # the path with namedtuple fields by name (``configure``)
         self.keep = keep
+        self.span = max(keep, span)
         self.start = length      # episode position of refs[0]
         self.refs = collections.deque()
         # The field's last ``keep`` values (no None). As in Reverb, a reference expires
@@ -149,7 +154,7 @@ class _ColumnHistory:
 
     def _push(self, ref):
         self.refs.append(ref)
-        if len(self.refs) > self.keep:
+        if len(self.refs) > self.span:
             self.refs.popleft()
             self.start += 1
         if ref is not None:
@@ -163,10 +168,17 @@ class _ColumnHistory:
             values.popleft().expired = True
 
     def ref_at(self, position: int):
+        """The reference at ``position`` (negative: from the end), or None if the field
+        has no value there: the step lacks it, is no longer kept, or (as in Reverb)
+        comes before the first step.
+
+        Raises:
+          IndexError: ``position`` is at or past the end.
+        """
         length = len(self)
         if position < 0:
             position += length
-        if not 0 <= position < length:
+        if position >= length:
             raise IndexError(f"history {self.path}: index {position} out of range for "
                              f"{length} steps.")
         if position < self.start:
@@ -191,17 +203,39 @@ class _ColumnHistory:
                     column._window = True
                     return column
             start = self.start
-            first, stop, stride = index.indices(start + len(self.refs))
+            length = start + len(self.refs)
+            first, stop, stride = index.indices(length)
+            if stride > 0 and index.start is not None and index.start < -length:
+                # As in Reverb, a window reaching back before the first step is not cut
+                # short: it reads None there (so ``[-5:]`` over 3 steps raises).
+                first = index.start + length
             if stride == 1 and first >= start:  # the usual recent window
                 refs = list(itertools.islice(self.refs, first - start, max(first, stop) - start))
             else:
-                refs = [self.ref_at(i) for i in range(first, stop, stride)]
+                refs = [None if i < 0 else self.ref_at(i) for i in range(first, stop, stride)]
             return TrajectoryColumn(refs, path=self.path)
         if isinstance(index, (int, np.integer)):
             return TrajectoryColumn([self.ref_at(int(index))], squeeze=True, path=self.path)
         if isinstance(index, (list, tuple, np.ndarray)):
             return TrajectoryColumn([self.ref_at(int(i)) for i in index], path=self.path)
         raise TypeError(f"history indices must be int, slice or list, not {index!r}.")
+
+    def set_keep(self, keep: int, span: int):
+        """Keeps the last ``keep`` values (older ones expire) and ``max(keep, span)``
+        steps from now on."""
+        self.keep = keep
+        self.span = max(keep, span)
+        while len(self.refs) > self.span:
+            self.refs.popleft()
+            self.start += 1
+        while len(self.values) > keep:
+            self.values.popleft().expired = True
+
+    def emptied(self) -> "_ColumnHistory":
+        """A history of the same field and keep, with no steps."""
+        column = _ColumnHistory(self.path, self.keep, 0, self.span)
+        column.named = self.named
+        return column
 
     def expire_all(self):
         for ref in self.values:
@@ -240,6 +274,7 @@ class TrajectoryWriter:
         self._containers = {}         # path prefix -> container skeleton (for `history`)
         self._root = None
         self._column_keep = {}        # path -> configured num_keep_alive_refs
+        self._span = self._keep       # steps a new column's history keeps (the largest keep)
         self._uids = itertools.count()
         self._episode = 0
         self._episode_steps = 0       # completed steps of this episode
@@ -303,20 +338,24 @@ class TrajectoryWriter:
         converted = []
         first_values = self._specs
         for path, leaf in zip(paths, leaves):
+            kind = type(leaf)
+            if kind in _CONTAINERS:
+                # A nested value or None in a dict read without flattening: flatten after
+                # all (None is no value: it may name a field the open step has).
+                self._flat = None
+                return self.append(data, partial_step=partial_step)
             if path in step:
                 raise ValueError(
                     f"Field {path} has already been set in the active step by previous "
                     f"(partial) append call and thus must be omitted or set to None but got: "
                     f"{leaf!r}")
-            kind = type(leaf)
             if kind is np.ndarray:
                 value = leaf.copy()  # the caller may reuse its array
             elif kind in _writing.NUMPY_SCALARS:
                 value = leaf  # immutable: kept as is
             elif kind in _PY_DTYPES:
                 value = np.asarray(leaf, _PY_DTYPES[kind])
-            elif isinstance(leaf, _CONTAINERS):
-                # A nested value in a dict read without flattening: flatten after all.
+            elif isinstance(leaf, _CONTAINERS):  # a subclass (a namedtuple, ...)
                 self._flat = None
                 return self.append(data, partial_step=partial_step)
             else:
@@ -342,8 +381,10 @@ class TrajectoryWriter:
             column = columns.get(path)
             if column is None:
                 first_values.setdefault(path, value)
-                keep = self._column_keep.get(path, self._keep)
-                column = columns[path] = _ColumnHistory(path, keep, position)
+                named = _named_path(data, path)
+                keep = self._column_keep.get(path) or self._column_keep.get(named, self._keep)
+                column = columns[path] = _ColumnHistory(path, keep, position, self._span)
+                column.named = named
                 self._root = _merge_structure(self._root, data)
                 self._history = None
                 self._whole_steps = None
@@ -386,13 +427,12 @@ class TrajectoryWriter:
             ref = StepRef(uid, episode, path, value)
             refs = column.refs
             refs.append(ref)
-            keep = column.keep
-            if len(refs) > keep:
+            if len(refs) > column.span:
                 refs.popleft()
                 column.start += 1
             alive = column.values
             alive.append(ref)
-            if len(alive) > keep:
+            if len(alive) > column.keep:
                 alive.popleft().expired = True
         self._episode_steps += 1
         self._history_steps += 1
@@ -455,7 +495,9 @@ class TrajectoryWriter:
     def configure(self, path, *, num_keep_alive_refs: int, max_chunk_length: Optional[int] = None):
         """Sets how many references of the column at ``path`` stay alive.
 
-        ``max_chunk_length`` is accepted for Reverb compatibility (shared memory needs no
+        ``path`` is a tuple of keys and positions into the appended data; a namedtuple's
+        field may be named (``('obs',)``, as Reverb's paths name it) or given by
+        position. ``max_chunk_length`` is accepted for Reverb compatibility (shared memory needs no
         chunks). Applies when the column first appears if it has not yet.
 
         Raises:
@@ -470,9 +512,12 @@ class TrajectoryWriter:
                 f"{num_keep_alive_refs}], got {max_chunk_length}.")
         path = tuple(path) if isinstance(path, (list, tuple)) else (path,)
         self._column_keep[path] = num_keep_alive_refs
-        column = self._columns.get(path)
-        if column is not None:
-            column.keep = num_keep_alive_refs
+        # As in Reverb, history keeps as many steps as the largest keep of the writer,
+        # in every column created from now on; each field's values expire by its own.
+        self._span = max(self._span, num_keep_alive_refs)
+        for column in self._columns.values():
+            if path in (column.path, column.named):
+                column.set_keep(num_keep_alive_refs, self._span)
 
     # --- items --------------------------------------------------------------------------
 
@@ -647,7 +692,7 @@ class TrajectoryWriter:
                 # Like Reverb, `history` keeps its structure, with every column empty.
                 for column in self._columns.values():
                     column.expire_all()
-                self._columns = {path: _ColumnHistory(path, column.keep)
+                self._columns = {path: column.emptied()
                                  for path, column in self._columns.items()}
                 self._whole_steps = None
                 self._history = None
@@ -775,6 +820,18 @@ class _UsualItem:
         except errors.DeadlineExceededError:
             return False
         return True
+
+
+def _named_path(data, path):
+    """``path`` (optree's: a namedtuple's fields by position) with a namedtuple's fields
+    by name, as Reverb's (dm-tree's) paths name them: what ``configure`` may be given."""
+    named = []
+    node = data
+    for entry in path:
+        fields = getattr(type(node), "_fields", None)
+        named.append(fields[entry] if fields is not None and type(entry) is int else entry)
+        node = node[entry]
+    return tuple(named)
 
 
 # --- the structure of `history` --------------------------------------------------------

@@ -195,9 +195,13 @@ def test_history_numpy_values():
                 np.stack([np.ones([3, 3]) * x for x in range(i + 1)]))
             assert writer.history["a"][-1].numpy() == i
             assert np.shape(writer.history["a"][-1].numpy()) == ()
-            np.testing.assert_array_equal(writer.history["b"][-3:].numpy(),
-                                          np.stack([np.ones([3, 3]) * x
-                                                    for x in range(max(0, i - 2), i + 1)]))
+            if i >= 2:
+                np.testing.assert_array_equal(writer.history["b"][-3:].numpy(),
+                                              np.stack([np.ones([3, 3]) * x
+                                                        for x in range(i - 2, i + 1)]))
+            else:  # as in Reverb, a window reaching before the first step is not cut short
+                with pytest.raises(ValueError, match="None"):
+                    writer.history["b"][-3:]  # noqa: B018
 
 
 def test_numpy_scalar_fields_read_back_as_arrays():
@@ -1303,3 +1307,52 @@ def test_a_field_that_skips_steps_expires_after_keep_newer_values():
             writer.create_item("q", 1.0, {"init": init})
         writer.flush(timeout_ms=1000)
         assert drain(client) == [{"init": 42, "obs": [2, 3]}]
+
+
+def test_history_positions_before_the_first_step_read_as_missing_values():
+    # Reverb's history: a position before the first step has no value (ValueError for a
+    # column over it); one at or past the end is an IndexError.
+    with serve() as (server, client), trajectory_writer(client, 5) as writer:
+        for i in range(3):
+            writer.append({"x": i})
+        h = writer.history["x"]
+        for index in (-4, slice(-5, None), slice(-4, -1), slice(-6, None, 2), [0, -4]):
+            with pytest.raises(ValueError, match="None"):
+                h[index]  # noqa: B018
+        for index in (3, [0, 3]):
+            with pytest.raises(IndexError):
+                h[index]  # noqa: B018
+        assert h[-3:].numpy().tolist() == [0, 1, 2] and h[0:5].numpy().tolist() == [0, 1, 2]
+        assert h[-3::2].numpy().tolist() == [0, 2] and h[-3].numpy() == 0
+
+
+def test_configure_names_a_namedtuple_field_as_reverb_does():
+    import collections
+    Step = collections.namedtuple("Step", ["obs", "act"])
+    with serve() as (server, client), trajectory_writer(client, 3) as writer:
+        writer.configure(("act",), num_keep_alive_refs=1)  # before the field appears
+        for i in range(3):
+            writer.append(Step(np.float32(i), np.int64(i)))
+        assert writer.history.obs[-3:].numpy().tolist() == [0, 1, 2]
+        # As in Reverb, history shows the writer's 3 steps; the field keeps 1 value.
+        with pytest.raises(RuntimeError, match="expired"):
+            writer.history.act[-2:].numpy()
+        with pytest.raises(ValueError, match="expired"):
+            writer.create_item("q", 1.0, {"act": writer.history.act[-2:]})
+        writer.configure(("obs",), num_keep_alive_refs=1)  # an existing field
+        writer.append(Step(np.float32(3), np.int64(3)))
+        with pytest.raises(ValueError, match="expired"):
+            writer.create_item("q", 1.0, {"obs": writer.history.obs[-2:]})
+        writer.create_item("q", 1.0, {"obs": writer.history.obs[-1],
+                                      "act": writer.history.act[-1]})
+        writer.flush(timeout_ms=1000)
+        assert drain(client) == [{"obs": 3, "act": 3}]
+
+
+def test_none_for_a_field_the_open_step_has_is_no_second_value():
+    with serve() as (server, client), trajectory_writer(client, 3) as writer:
+        writer.append({"a": np.float32(1), "b": np.int64(2)}, partial_step=True)
+        writer.append({"c": np.float32(3), "b": None}, partial_step=True)  # same keys' shape
+        writer.append({"a": None, "b": None, "d": np.int64(4)})
+        assert {k: values(writer.history[k], 1) for k in "abcd"} == {
+            "a": [1], "b": [2], "c": [3], "d": [4]}

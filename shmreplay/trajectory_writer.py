@@ -125,8 +125,8 @@ class _ColumnHistory:
 
     The last ``span`` steps are kept (the writer's largest ``num_keep_alive_refs``
     when the column was created, or the field's own if larger); older positions read
-    as None. A reference expires after
-    ``keep`` newer values of its field (its configured ``num_keep_alive_refs``).
+    as None. A reference expires after ``keep`` newer values of its field (its own
+    ``num_keep_alive_refs``).
     """
 
     def __init__(self, path, keep: int, length: int = 0, span: int = 0):
@@ -497,8 +497,8 @@ class TrajectoryWriter:
 
         ``path`` is a tuple of keys and positions into the appended data; a namedtuple's
         field may be named (``('obs',)``, as Reverb's paths name it) or given by
-        position. ``max_chunk_length`` is accepted for Reverb compatibility (shared memory needs no
-        chunks). Applies when the column first appears if it has not yet.
+        position. ``max_chunk_length`` is accepted for Reverb compatibility (shared
+        memory needs no chunks). Applies when the column first appears if it has not yet.
 
         Raises:
           ValueError: ``num_keep_alive_refs < 1``, or ``max_chunk_length`` not in
@@ -827,10 +827,13 @@ def _named_path(data, path):
     by name, as Reverb's (dm-tree's) paths name them: what ``configure`` may be given."""
     named = []
     node = data
-    for entry in path:
-        fields = getattr(type(node), "_fields", None)
-        named.append(fields[entry] if fields is not None and type(entry) is int else entry)
-        node = node[entry]
+    try:
+        for entry in path:
+            fields = getattr(type(node), "_fields", None)
+            named.append(fields[entry] if fields is not None and type(entry) is int else entry)
+            node = node[entry]
+    except (LookupError, TypeError):  # a container that is not indexed by its path
+        return tuple(path)
     return tuple(named)
 
 

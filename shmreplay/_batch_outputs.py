@@ -96,6 +96,7 @@ class BatchOutputs:
         flat = (type(nest) is dict and len(nest) == len(self.leaves)
                 and all(value is leaf for value, leaf in zip(nest.values(), self.leaves)))
         self._flat = nest if flat else None
+        del nest  # (a nest other than a flat dict would count as a reference in ``_idle``)
         self._idle = self._counts()
 
     def gather_from(self, columns):

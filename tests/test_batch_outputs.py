@@ -206,6 +206,26 @@ def test_nested_items_are_rebuilt_for_every_result():
         assert (inner["a"] == values).all()
 
 
+_Pair = __import__("collections").namedtuple("_Pair", ["key", "half"])
+
+
+@pytest.mark.parametrize("nest", ["tuple", "namedtuple", "nested dict", "bare array"])
+def test_the_data_of_any_nest_held_alone_never_changes(nest):
+    # The caller keeps only ``batch.data``: a nest (not a flat dict) that holds every
+    # leaf of the result. Its arrays must not be refilled by later batches.
+    make = {"tuple": lambda k: (np.int64(k), np.float32(k / 2)),
+            "namedtuple": lambda k: _Pair(np.int64(k), np.float32(k / 2)),
+            "nested dict": lambda k: {"a": {"key": np.int64(k)}, "b": [np.float32(k / 2)]},
+            "bare array": lambda k: np.full(3, k, np.int64)}[nest]
+    with _small_table("results-held", [make(k) for k in range(8)]) as client:
+        kept = client.sample_batch("t", 4).data
+        values = [leaf.copy() for leaf in shmreplay.specs.optree.tree_leaves(kept)]
+        for _ in range(20):
+            client.sample_batch("t", 4)
+        assert all((leaf == value).all() for leaf, value in
+                   zip(shmreplay.specs.optree.tree_leaves(kept), values))
+
+
 def test_a_queue_with_fewer_items_returns_a_short_batch_and_deletes_them():
     table = shmreplay.Table.queue("q", 8)
     with shmreplay.Server([table], name=_names.unique("results-queue")) as server:

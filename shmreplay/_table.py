@@ -285,6 +285,10 @@ class TableEngine:
         # them (an unpickled dtype is an equal but different object).
         self._fast_specs = [(tuple(spec.shape), np.dtype(np.dtype(spec.dtype).str))
                             for spec in self.column_specs]
+        # Per column, the Python scalars the fast path stores (others take the general
+        # path, which applies ``specs.python_scalar_as`` and explains a refusal):
+        # ints within an integer column's range, floats within a float column's.
+        self._fast_scalars = [_fast_scalar_bounds(dtype) for _, dtype in self._fast_specs]
         self._batch_shapes = {}  # batch size -> each column's full shape
         self._flat_keys = _flat_access(self.treedef)
         # ``leaves -> nest`` (a plain function: reused results keep it, not the engine)
@@ -313,16 +317,17 @@ class TableEngine:
         leaves = self._flat_leaves(data)
         if leaves is None or self.storage.steps:
             return None
-        for leaf, (shape, dtype) in zip(leaves, self._fast_specs):
+        for leaf, (shape, dtype), (ints, floats) in zip(leaves, self._fast_specs,
+                                                         self._fast_scalars):
             kind = type(leaf)
             if kind is np.ndarray:
                 if leaf.dtype is not dtype or leaf.shape != shape:
                     return None
             elif kind is float:
-                if dtype.kind != "f":
-                    return None
+                if not (floats is not None and -floats <= leaf <= floats):
+                    return None  # (nan and inf take the general path too)
             elif kind is int:
-                if dtype.kind not in "iuf":
+                if not (ints is not None and ints[0] <= leaf <= ints[1]):
                     return None
             elif kind is bool:
                 if dtype.kind != "b":
@@ -1085,6 +1090,17 @@ def _unflattener(flat_keys, treedef):
     if flat_keys:
         return lambda leaves: dict(zip(flat_keys, leaves))
     return functools.partial(specs.optree.tree_unflatten, treedef)
+
+
+def _fast_scalar_bounds(dtype: np.dtype):
+    """``(int range or None, float bound or None)``: the Python ints and floats a column
+    of ``dtype`` takes on the fast path (stored exactly, or rounded but finite)."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return (int(info.min), int(info.max)), None
+    if dtype.kind == "f":
+        return None, specs.float_max(dtype)
+    return None, None
 
 
 def _flat_access(treedef):

@@ -570,13 +570,17 @@ def _prepare_leaves(engine: TableEngine, leaves, treedef, batched: bool):
 
 
 def _cast_python_scalar(leaf, array, spec, table, path):
-    """Python scalars (``1.0``, ``3``, ``True``) may fill any column of a compatible kind."""
-    compatible = {"b": "b", "i": "iuf", "f": "fc"}.get(array.dtype.kind, "")
-    if isinstance(leaf, _PY_SCALARS) and spec.dtype.kind in compatible:
-        try:
-            return np.asarray(leaf, dtype=spec.dtype)
-        except OverflowError:
-            pass
+    """Python scalars (``1.0``, ``3``, ``True``) may fill a column that stores them without
+    changing them (``specs.python_scalar_as``: as the writers do)."""
+    dtype = np.dtype(spec.dtype)
+    if isinstance(leaf, _PY_SCALARS):  # (numpy's float64 scalar is a float too)
+        leaf = next(kind(leaf) for kind in _PY_SCALARS if isinstance(leaf, kind))
+        value = specs.python_scalar_as(leaf, dtype)
+        if value is not None:
+            return value
+        raise errors.SchemaError(
+            f"Table '{table}', column {path}: expected dtype {dtype}, got Python "
+            f"{type(leaf).__name__} {leaf!r}: {specs.python_scalar_refusal(leaf, dtype)}.")
     raise errors.SchemaError(
         f"Table '{table}', column {path}: expected dtype {spec.dtype}, got {array.dtype}.")
 

@@ -8,6 +8,8 @@ column order.
 """
 
 import dataclasses
+import functools
+import math
 from typing import Any, List, Tuple
 
 import numpy as np
@@ -109,3 +111,44 @@ def check_storable_dtype(dtype: np.dtype, where: str):
     if dtype.kind not in "biufc" or dtype.hasobject:
         raise errors.SchemaError(
             f"{where}: dtype {dtype} cannot be stored; expected a numeric or boolean dtype.")
+
+
+# The dtype kinds a Python scalar may be stored as.
+_PY_KINDS = {bool: "b", int: "iufc", float: "fc"}
+
+
+def python_scalar_as(leaf, dtype: np.dtype):
+    """``leaf`` (a Python bool, int or float) as a 0-d array of ``dtype``, or None if a
+    column of ``dtype`` cannot store it (``python_scalar_refusal`` says why): a bool or
+    int must be held exactly; a float may be rounded to a float dtype's precision, never
+    overflow it. Every path that stores Python scalars (``insert``, the writers) uses
+    this rule, so none casts silently."""
+    kind = type(leaf)
+    if dtype.kind not in _PY_KINDS[kind]:
+        return None
+    if (kind is not bool and dtype.kind in "fc" and math.isfinite(leaf)
+            and not -float_max(dtype) <= leaf <= float_max(dtype)):
+        return None  # would be inf
+    try:
+        value = np.array(leaf, dtype)
+    except OverflowError:  # an int out of an integer dtype's range
+        return None
+    if kind is int and dtype.kind in "fc" and value.item() != leaf:
+        return None  # rounded (2**24 + 1 in float32)
+    return value
+
+
+def python_scalar_refusal(leaf, dtype: np.dtype) -> str:
+    """Why ``python_scalar_as`` refused ``leaf`` for a column of ``dtype``."""
+    kind = type(leaf)
+    if dtype.kind not in _PY_KINDS[kind]:
+        return f"a Python {kind.__name__} is never stored in a {dtype} column"
+    if kind is float:
+        return f"it overflows {dtype}"
+    return f"{dtype} cannot hold it exactly"
+
+
+@functools.lru_cache(maxsize=None)
+def float_max(dtype: np.dtype) -> float:
+    """The largest finite value of a float (or complex) dtype."""
+    return float(np.finfo(dtype).max)

@@ -8,9 +8,7 @@ item of that table first references them, once however many of its items do.
 """
 
 import collections
-import functools
 import itertools
-import math
 from typing import Optional
 
 import numpy as np
@@ -97,7 +95,7 @@ class Writer:
                           and leaf.dtype == first.dtype):
                         values.append(leaf)  # immutable: no copy needed
                     elif kind in _PY_SCALARS and first.shape == ():
-                        value = _from_python(leaf, first.dtype)
+                        value = specs.python_scalar_as(leaf, first.dtype)
                         if value is None:
                             values = None
                             break
@@ -163,12 +161,12 @@ class Writer:
         values = []
         for leaf, first, path in zip(leaves, self._first, self._paths):
             if type(leaf) in _PY_SCALARS:
-                value = _from_python(leaf, first.dtype)
+                value = specs.python_scalar_as(leaf, first.dtype)
                 if value is None:
                     raise errors.SchemaError(
                         f"Writer, column {path}: expected dtype {first.dtype} (as the first "
                         f"step), got Python {type(leaf).__name__} {leaf!r}: "
-                        f"{_python_refusal(leaf, first.dtype)}.")
+                        f"{specs.python_scalar_refusal(leaf, first.dtype)}.")
             else:
                 value = np.array(leaf)
             if value.dtype != first.dtype:
@@ -312,41 +310,3 @@ class Writer:
 
 
 _PY_SCALARS = (bool, int, float)
-# The dtype kinds a Python scalar may be stored as.
-_PY_KINDS = {bool: "b", int: "iufc", float: "fc"}
-
-
-def _from_python(leaf, dtype: np.dtype):
-    """``leaf`` (a Python bool, int or float) as a 0-d array of ``dtype``, or None if a
-    field of ``dtype`` cannot store it (``_python_refusal`` says why): a bool or int
-    must be held exactly; a float may be rounded to a float dtype's precision, never
-    overflow it."""
-    kind = type(leaf)
-    if dtype.kind not in _PY_KINDS[kind]:
-        return None
-    if (kind is not bool and dtype.kind in "fc" and math.isfinite(leaf)
-            and not -_float_max(dtype) <= leaf <= _float_max(dtype)):
-        return None  # would be inf
-    try:
-        value = np.array(leaf, dtype)
-    except OverflowError:  # an int out of an integer dtype's range
-        return None
-    if kind is int and dtype.kind in "fc" and value.item() != leaf:
-        return None  # rounded (2**24 + 1 in float32)
-    return value
-
-
-def _python_refusal(leaf, dtype: np.dtype) -> str:
-    """Why ``_from_python`` refused ``leaf`` for a field of ``dtype``."""
-    kind = type(leaf)
-    if dtype.kind not in _PY_KINDS[kind]:
-        return f"a Python {kind.__name__} is never stored in a {dtype} field"
-    if kind is float:
-        return f"it overflows {dtype}"
-    return f"{dtype} cannot hold it exactly"
-
-
-@functools.lru_cache(maxsize=None)
-def _float_max(dtype: np.dtype) -> float:
-    return float(np.finfo(dtype).max)
-

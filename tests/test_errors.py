@@ -559,3 +559,31 @@ def test_stopped_server_wakes_blocked_callers_and_refuses_new_ones():
     client.close()
     with pytest.raises(errors.BufferNotFoundError, match=server.name):
         shmreplay.Client(server.name)
+
+
+def test_python_scalars_are_inserted_only_when_their_column_stores_them_unchanged():
+    # The writers' rule, on every insert path (one table: the fast path; two: the
+    # general one): ints exactly, floats rounded but never overflowing.
+    tables = [shmreplay.Table.queue("q", 10), shmreplay.Table.queue("r", 10)]
+    with shmreplay.Server(tables, name=new_name("scalars")) as server:
+        client = shmreplay.Client(server.name)
+        first = {"u": np.uint8(1), "f": np.float32(1), "h": np.float16(1)}
+        client.insert(first, {"q": 1.0, "r": 1.0})
+        bad = [({"u": 300}, "'u'", "int 300"), ({"u": -1}, "'u'", "int -1"),
+               ({"u": 1.0}, "'u'", "float 1.0: a Python float is never"),
+               ({"f": 1e300}, "'f'", "overflows float32"),
+               ({"f": 2**24 + 1}, "'f'", "cannot hold it exactly"),
+               ({"h": 70000.0}, "'h'", "overflows float16")]
+        for change, column, text in bad:
+            item = {"u": 2, "f": 2.0, "h": 2.0}
+            item.update(change)
+            for priorities in ({"q": 1.0}, {"q": 1.0, "r": 1.0}):
+                with pytest.raises(errors.SchemaError, match=all_of("'q'", column, text)):
+                    client.insert(item, priorities)
+        assert [client.server_info()[t].current_size for t in "qr"] == [1, 1]
+        client.insert({"u": 255, "f": 0.1, "h": float("nan")}, {"q": 1.0})
+        client.insert({"u": 3, "f": np.float64(0.5), "h": 1}, {"q": 1.0})
+        got = client.sample_batch("q", 3, timeout=1).data
+        assert got["u"].tolist() == [1, 255, 3] and got["f"][1] == np.float32(0.1)
+        assert np.isnan(got["h"][1]) and got["f"][2] == 0.5
+        client.close()

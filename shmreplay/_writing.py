@@ -236,7 +236,7 @@ def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str],
     layout = engine.known_layout()
     if layout is not None:
         expected_treedef, expected_specs, _ = layout
-        if treedef != expected_treedef:
+        if not specs.same_structure(treedef, expected_treedef):
             raise errors.SchemaError(
                 f"Table '{table}': the item's structure {treedef} does not match the "
                 f"table's {expected_treedef}.")

@@ -549,7 +549,7 @@ def _prepare_leaves(engine: TableEngine, leaves, treedef, batched: bool):
         arrays = [_to_array(leaf, table, path) for leaf, path in zip(leaves, paths)]
         proposal = engine.propose_whole_items(treedef, arrays, batched)
         column_specs, expected_treedef = specs.flatten(proposal.signature)
-    if treedef != expected_treedef:
+    if not specs.same_structure(treedef, expected_treedef):
         raise errors.SchemaError(
             f"Table '{table}': the data's structure {treedef} does not match the table's "
             f"{expected_treedef}.")

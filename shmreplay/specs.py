@@ -152,3 +152,22 @@ def python_scalar_refusal(leaf, dtype: np.dtype) -> str:
 def float_max(dtype: np.dtype) -> float:
     """The largest finite value of a float (or complex) dtype."""
     return float(np.finfo(dtype).max)
+
+
+def same_structure(a, b) -> bool:
+    """Whether treedefs ``a`` and ``b`` describe the same nest. A namedtuple counts by
+    its name and fields, not by its class: a class defined in a script's ``__main__``
+    is another class in each process (spawned workers import the script anew; the
+    table's own copy is unpickled), yet the items are the same."""
+    return a == b or _structure_key(a) == _structure_key(b)
+
+
+def _structure_key(treedef):
+    kind = treedef.kind
+    node = treedef.type
+    if kind == optree.PyTreeKind.NAMEDTUPLE:
+        node = (node.__qualname__, tuple(node._fields))
+    elif kind not in (optree.PyTreeKind.CUSTOM,):
+        node = None  # dict, list, tuple, None, leaf: the kind says it all
+    return (kind, node, tuple(optree.treespec_entries(treedef)),
+            tuple(_structure_key(child) for child in treedef.children()))

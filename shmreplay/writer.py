@@ -153,7 +153,7 @@ class Writer:
             if not values:
                 raise errors.SchemaError("Writer: a step needs at least one tensor.")
             return values
-        if treedef != self._treedef:
+        if not specs.same_structure(treedef, self._treedef):
             raise errors.SchemaError(
                 f"Writer: the step's structure {treedef} does not match the first step's "
                 f"{self._treedef} (the number and names of tensors per timestep must stay "

@@ -221,3 +221,26 @@ def test_reverb_top_level_names():
     assert issubclass(shmreplay.DeadlineExceededError, shmreplay.ReverbError)
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
         shmreplay.NoSuchName  # noqa: B018
+
+
+def test_a_namedtuple_counts_by_name_and_fields_not_by_class(buffer_name):
+    # A namedtuple defined in a script's __main__ is another class in each process (and
+    # in the table's unpickled copy): items of an equal namedtuple are the same items.
+    import collections
+    first = collections.namedtuple("Transition", "obs reward")
+    again = collections.namedtuple("Transition", "obs reward")
+    other = collections.namedtuple("Transition", "obs action")
+    tables = [shmreplay.Table.queue("q", 10), shmreplay.Table.queue("w", 10)]
+    with shmreplay.Server(tables, name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert(first(np.zeros(2, np.float32), np.float32(1)), {"q": 1.0})
+        client.insert(again(np.ones(2, np.float32), np.float32(2)), {"q": 1.0})
+        with pytest.raises(errors.SchemaError, match="structure"):
+            client.insert(other(np.ones(2, np.float32), np.float32(3)), {"q": 1.0})
+        with client.writer(2) as writer:
+            writer.append(first(np.float32(1), np.float32(1)))
+            writer.append(again(np.float32(2), np.float32(2)))
+            writer.create_item("w", 2, 1.0)
+        assert client.sample_batch("q", 2, timeout=1).data.reward.tolist() == [1, 2]
+        assert client.sample_batch("w", 1, timeout=1).data.obs.tolist() == [[1, 2]]
+        client.close()

@@ -48,6 +48,10 @@ def _info_spec(batch_shape=()):
 def _data_spec(dtypes, shapes, batch_shape=()):
     dtypes = _as_tuples(dtypes)
     shapes = _as_tuples(shapes)
+    if any(leaf is None for leaf in specs.optree.tree_leaves(dtypes, none_is_leaf=True)):
+        raise ValueError(
+            "The items have a None value (no tensor), which tf.data cannot carry: read "
+            "them with Client.sample_batch, or leave the field out of the items.")
     try:
         return specs.optree.tree_map(
             lambda dtype, shape: tf.TensorSpec(tuple(batch_shape) + tuple(shape),
@@ -63,14 +67,26 @@ def _is_shape(x):
 
 
 def _as_tuples(nest):
-    """Lists become tuples (tf.data treats lists as tensors), as Reverb does."""
+    """Lists become tuples (tf.data treats lists as tensors), as Reverb does, at any depth
+    (inside namedtuples too)."""
     if isinstance(nest, list):
         return tuple(_as_tuples(x) for x in nest)
-    if isinstance(nest, tuple) and not hasattr(nest, "_fields"):
-        return tuple(_as_tuples(x) for x in nest)
+    if isinstance(nest, tuple):
+        items = [_as_tuples(x) for x in nest]
+        return type(nest)(*items) if hasattr(nest, "_fields") else tuple(items)
     if isinstance(nest, dict):
         return {k: _as_tuples(v) for k, v in nest.items()}
     return nest
+
+
+def _has_lists(nest) -> bool:
+    if isinstance(nest, list):
+        return True
+    if isinstance(nest, tuple):
+        return any(_has_lists(x) for x in nest)
+    if isinstance(nest, dict):
+        return any(_has_lists(x) for x in nest.values())
+    return False
 
 
 def _check_options(max_in_flight_samples_per_worker, num_workers_per_iterator,
@@ -206,11 +222,14 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
         chosen = [worker(i) for i in range(workers)]
         chosen = [w for w in chosen if w.max_samples != 0]
         chunks = chosen[0].chunks() if len(chosen) == 1 else _parallel_chunks(chosen)
-        checked = add_time = False
+        checked = add_time = lists = False
         for sample in chunks:
             sample = _as_timesteps(sample, ndim) if timesteps else _zero_copy(sample)
             if not checked:
                 add_time = not timesteps and _wants_time_dim(sample, flat_spec)
+                lists = _has_lists(sample.data)  # tuples, as the spec has them
+            if lists:
+                sample = ReplaySample(sample.info, _as_tuples(sample.data))
             if add_time:
                 sample = ReplaySample(sample.info, specs.optree.tree_map(
                     lambda leaf: leaf[:, None], sample.data))
@@ -352,6 +371,26 @@ class TimestepDataset(TrajectoryDataset):
     (batch by the item length, or use ``TrajectoryDataset``).
     """
 
+    @classmethod
+    def from_table_signature(cls, server_address: str, table: str,
+                             max_in_flight_samples_per_worker: int,
+                             num_workers_per_iterator: int = -1,
+                             max_samples_per_stream: int = -1,
+                             rate_limiter_timeout_ms: int = -1,
+                             get_signature_timeout_secs: Optional[int] = None,
+                             max_samples: int = -1):
+        """The dataset of a table's timesteps, their shapes from its signature or items
+        (a sequence item's columns without their time dimension).
+
+        Raises:
+          ValueError: no such table, or the table has neither a signature nor items.
+        """
+        dtypes, shapes = table_signature(server_address, table, get_signature_timeout_secs,
+                                         timesteps=True)
+        return cls(server_address, table, dtypes, shapes, max_in_flight_samples_per_worker,
+                   num_workers_per_iterator, max_samples_per_stream, rate_limiter_timeout_ms,
+                   max_samples)
+
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
         # ``max_samples`` counts items, as in Reverb.
@@ -421,11 +460,13 @@ def _connect_within(server_address, timeout_secs):
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
-def table_signature(server_address: str, table: str, timeout_secs: Optional[float] = None):
+def table_signature(server_address: str, table: str, timeout_secs: Optional[float] = None,
+                    timesteps: bool = False):
     """``(dtypes, shapes)`` nests of a table's items (signature, or the first item's).
 
     ``timeout_secs``: how long to wait for the buffer to exist (its owner may start
-    later); None: it must exist now.
+    later); None: it must exist now. ``timesteps``: the shapes of one timestep (what
+    ``TimestepDataset`` takes): a table of sequence items loses their time dimension.
 
     Raises:
       ValueError: no such table, or nothing says what its items look like yet.
@@ -447,9 +488,12 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
             raise ValueError(f"Table {table} at {server_address} does not have a signature "
                              "(and no item fixed its shapes yet).")
         treedef, column_specs, _ = layout
+        shapes = [tuple(s.shape) for s in column_specs]
+        if timesteps and engine.has_columns() and engine.storage.steps:
+            shapes = [shape if column.squeeze else shape[1:]
+                      for shape, column in zip(shapes, engine.storage.columns)]
         dtypes = specs.optree.tree_unflatten(treedef, [s.dtype for s in column_specs])
-        shapes = specs.optree.tree_unflatten(treedef, [tuple(s.shape) for s in column_specs])
-        return dtypes, shapes
+        return dtypes, specs.optree.tree_unflatten(treedef, shapes)
     finally:
         client.close()
 

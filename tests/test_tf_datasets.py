@@ -437,3 +437,43 @@ def test_tf_agents_style_buffer_in_a_tf_function_and_single_pass_rules():
 def test_datasets_are_reachable_from_the_top_level_as_in_reverb():
     assert shmreplay.TrajectoryDataset is shmreplay_tf.TrajectoryDataset
     assert shmreplay.TimestepDataset is shmreplay_tf.TimestepDataset
+
+
+_Pair = __import__("collections").namedtuple("_Pair", ["parts", "label"])
+
+
+def test_lists_in_items_become_tuples_in_every_dataset():
+    # tf.data takes a list for one tensor: lists become tuples, also inside namedtuples.
+    with serve(shmreplay.Table.queue("nt", 10), shmreplay.Table.queue("l", 10)) as (name, client):
+        for i in range(2):
+            client.insert(_Pair([np.float32(i), np.float32(10 + i)], np.int32(i)), {"nt": 1.0})
+            client.insert({"l": [np.float32(i), np.int32(i)]}, {"l": 1.0})
+        batch = next(iter(shmreplay_tf.make_dataset(name, "nt", batch_size=1, max_batches=1)))
+        assert isinstance(batch.data, _Pair) and isinstance(batch.data.parts, tuple)
+        assert [t.numpy().tolist() for t in batch.data.parts] == [[0.0], [10.0]]
+        ds = shmreplay_tf.TrajectoryDataset.from_table_signature(name, "l", 1)
+        first = next(iter(ds)).data["l"]
+        assert isinstance(first, tuple) and [float(first[0]), int(first[1])] == [0.0, 0]
+        ds = shmreplay_tf.TimestepDataset.from_table_signature(name, "nt", 1)
+        assert [float(t) for t in next(iter(ds)).data.parts] == [1.0, 11.0]
+
+
+def test_items_with_a_none_value_are_refused_with_a_clear_error():
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        client.insert({"a": None, "b": np.float32(1)}, {"q": 1.0})
+        for make in (lambda: shmreplay_tf.make_dataset(name, "q", batch_size=1),
+                     lambda: shmreplay_tf.TrajectoryDataset.from_table_signature(name, "q", 1)):
+            with pytest.raises(ValueError, match="None value"):
+                make()
+        assert client.server_info()["q"].current_size == 1
+
+
+def test_timestep_dataset_from_table_signature_cuts_sequence_items_into_timesteps():
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        with client.writer(3) as writer:
+            for t in range(3):
+                writer.append({"x": np.int64(t)})
+            writer.create_item("q", 3, 1.0)
+        ds = shmreplay_tf.TimestepDataset.from_table_signature(name, "q", 1, max_samples=1)
+        assert ds.element_spec.data["x"].shape == ()
+        assert [int(e.data["x"]) for e in ds] == [0, 1, 2]

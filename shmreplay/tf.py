@@ -325,6 +325,12 @@ class TrajectoryDataset(tf.data.Dataset):
         server_address = _plain(server_address, "server_address")
         table = _plain(table, "table")
         data_spec = _data_spec(dtypes, shapes)
+        for spec in tf.nest.flatten(data_spec):
+            if 0 in spec.shape:  # tf.data's unbatch crashes the process (SIGSEGV) on them
+                raise ValueError(
+                    f"Table '{table}': a column of shape {list(spec.shape)} has no elements, "
+                    "which this dataset cannot carry (TensorFlow crashes); use make_dataset, "
+                    "or leave the column out of the items.")
         self._dataset = self._build(server_address, table, data_spec,
                                     max_in_flight_samples_per_worker, num_workers_per_iterator,
                                     rate_limiter_timeout_ms, max_samples)

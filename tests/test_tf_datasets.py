@@ -477,3 +477,15 @@ def test_timestep_dataset_from_table_signature_cuts_sequence_items_into_timestep
         ds = shmreplay_tf.TimestepDataset.from_table_signature(name, "q", 1, max_samples=1)
         assert ds.element_spec.data["x"].shape == ()
         assert [int(e.data["x"]) for e in ds] == [0, 1, 2]
+
+
+def test_a_zero_size_column_is_refused_by_the_per_item_datasets_and_read_by_make_dataset():
+    # tf.data's unbatch kills the process (SIGSEGV) on a zero-size component.
+    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+        for i in range(2):
+            client.insert({"x": np.zeros(0, np.uint8), "y": np.float32(i)}, {"q": 1.0})
+        for dataset in (shmreplay_tf.TrajectoryDataset, shmreplay_tf.TimestepDataset):
+            with pytest.raises(ValueError, match="no elements"):
+                dataset.from_table_signature(name, "q", 1)
+        batch = next(iter(shmreplay_tf.make_dataset(name, "q", batch_size=2, max_batches=1)))
+        assert batch.data["x"].shape == (2, 0) and batch.data["y"].numpy().tolist() == [0, 1]

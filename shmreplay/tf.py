@@ -316,6 +316,8 @@ class TrajectoryDataset(tf.data.Dataset):
         structure.
     """
 
+    _TIMESTEPS = False  # whether elements are timesteps (``from_table_signature``'s shapes)
+
     def __init__(self, server_address: str, table: str, dtypes, shapes,
                  max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
                  max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1,
@@ -362,7 +364,8 @@ class TrajectoryDataset(tf.data.Dataset):
         Raises:
           ValueError: no such table, or the table has neither a signature nor items.
         """
-        dtypes, shapes = table_signature(server_address, table, get_signature_timeout_secs)
+        dtypes, shapes = table_signature(server_address, table, get_signature_timeout_secs,
+                                         timesteps=cls._TIMESTEPS)
         return cls(server_address, table, dtypes, shapes, max_in_flight_samples_per_worker,
                    num_workers_per_iterator, max_samples_per_stream, rate_limiter_timeout_ms,
                    max_samples)
@@ -374,28 +377,11 @@ class TimestepDataset(TrajectoryDataset):
     ``shapes`` are one timestep's (no time dimension). Every column of the table's items
     must have the same length; items from ``Client.insert`` are one timestep each. The
     item's ``info`` repeats on each of its timesteps; nothing marks where an item ends
-    (batch by the item length, or use ``TrajectoryDataset``).
+    (batch by the item length, or use ``TrajectoryDataset``). ``from_table_signature``
+    takes one timestep's shapes: a sequence item's columns without their time dimension.
     """
 
-    @classmethod
-    def from_table_signature(cls, server_address: str, table: str,
-                             max_in_flight_samples_per_worker: int,
-                             num_workers_per_iterator: int = -1,
-                             max_samples_per_stream: int = -1,
-                             rate_limiter_timeout_ms: int = -1,
-                             get_signature_timeout_secs: Optional[int] = None,
-                             max_samples: int = -1):
-        """The dataset of a table's timesteps, their shapes from its signature or items
-        (a sequence item's columns without their time dimension).
-
-        Raises:
-          ValueError: no such table, or the table has neither a signature nor items.
-        """
-        dtypes, shapes = table_signature(server_address, table, get_signature_timeout_secs,
-                                         timesteps=True)
-        return cls(server_address, table, dtypes, shapes, max_in_flight_samples_per_worker,
-                   num_workers_per_iterator, max_samples_per_stream, rate_limiter_timeout_ms,
-                   max_samples)
+    _TIMESTEPS = True
 
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):

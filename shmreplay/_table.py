@@ -1094,12 +1094,13 @@ def _unflattener(flat_keys, treedef):
 
 def _fast_scalar_bounds(dtype: np.dtype):
     """``(int range or None, float bound or None)``: the Python ints and floats a column
-    of ``dtype`` takes on the fast path (stored exactly, or rounded but finite)."""
+    of ``dtype`` takes on the fast path (ints stored exactly, floats rounded but
+    finite), as ``specs.python_scalar_as`` would."""
     if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return (int(info.min), int(info.max)), None
+        return specs.int_range(dtype), None
     if dtype.kind == "f":
-        return None, specs.float_max(dtype)
+        exact = 2 ** (np.finfo(dtype).nmant + 1)  # every int up to it is a float exactly
+        return (-exact, exact), specs.float_max(dtype)
     return None, None
 
 

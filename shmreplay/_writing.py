@@ -47,6 +47,13 @@ class StepRef:
         self.value = value
         self.expired = False
 
+    def without_data(self) -> "StepRef":
+        """An expired copy that keeps the value's shape and dtype, not its data."""
+        ref = StepRef(self.uid, self.episode, self.path,
+                      np.broadcast_to(np.zeros((), self.value.dtype), self.value.shape))
+        ref.expired = True
+        return ref
+
     @property
     def shape(self):
         return self.value.shape

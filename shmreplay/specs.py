@@ -129,9 +129,13 @@ def python_scalar_as(leaf, dtype: np.dtype):
     if (kind is not bool and dtype.kind in "fc" and math.isfinite(leaf)
             and not -float_max(dtype) <= leaf <= float_max(dtype)):
         return None  # would be inf
+    if kind is int and dtype.kind in "iu":
+        low, high = int_range(dtype)
+        if not low <= leaf <= high:
+            return None  # (numpy 1.x would wrap it around)
     try:
         value = np.array(leaf, dtype)
-    except OverflowError:  # an int out of an integer dtype's range
+    except OverflowError:
         return None
     if kind is int and dtype.kind in "fc" and value.item() != leaf:
         return None  # rounded (2**24 + 1 in float32)
@@ -171,3 +175,10 @@ def _structure_key(treedef):
         node = None  # dict, list, tuple, None, leaf: the kind says it all
     return (kind, node, tuple(optree.treespec_entries(treedef)),
             tuple(_structure_key(child) for child in treedef.children()))
+
+
+@functools.lru_cache(maxsize=None)
+def int_range(dtype: np.dtype):
+    """``(min, max)`` of an integer dtype, as Python ints."""
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)

@@ -458,7 +458,8 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
 
     ``timeout_secs``: how long to wait for the buffer to exist (its owner may start
     later); None: it must exist now. ``timesteps``: the shapes of one timestep (what
-    ``TimestepDataset`` takes): a table of sequence items loses their time dimension.
+    ``TimestepDataset`` takes): without a signature, the items' shapes lose their time
+    dimension when they are sequence items.
 
     Raises:
       ValueError: no such table, or nothing says what its items look like yet.
@@ -481,7 +482,11 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
                              "(and no item fixed its shapes yet).")
         treedef, column_specs, _ = layout
         shapes = [tuple(s.shape) for s in column_specs]
-        if timesteps and engine.has_columns() and engine.storage.steps:
+        if (timesteps and engine.config.signature is None and engine.has_columns()
+                and engine.storage.steps):
+            # Shapes from the items (no signature): one timestep is a sequence item's
+            # columns without their time dimension. A signature is taken as it is, as
+            # Reverb does, so the dataset is the same whenever it is made.
             shapes = [shape if column.squeeze else shape[1:]
                       for shape, column in zip(shapes, engine.storage.columns)]
         dtypes = specs.optree.tree_unflatten(treedef, [s.dtype for s in column_specs])

@@ -165,7 +165,21 @@ class _ColumnHistory:
         values = self.values
         values.append(ref)
         if len(values) > self.keep:
-            values.popleft().expired = True
+            self.expire(values.popleft())
+
+    def expire(self, ref):
+        """Marks ``ref`` expired. If history still shows it (a field kept for fewer steps
+        than the writer's largest keep), its place there gets a copy without the data,
+        so history holds no more than ``keep`` values of the field (items and columns
+        made before keep the original)."""
+        ref.expired = True
+        if self.span > self.keep:
+            refs = self.refs
+            # Newest first: the field's (keep + 1)-th newest value is near that end.
+            for position in range(len(refs) - 1, -1, -1):
+                if refs[position] is ref:
+                    refs[position] = ref.without_data()
+                    break
 
     def ref_at(self, position: int):
         """The reference at ``position`` (negative: from the end), or None if the field
@@ -229,7 +243,7 @@ class _ColumnHistory:
             self.refs.popleft()
             self.start += 1
         while len(self.values) > keep:
-            self.values.popleft().expired = True
+            self.expire(self.values.popleft())
 
     def emptied(self) -> "_ColumnHistory":
         """A history of the same field and keep, with no steps."""
@@ -279,7 +293,7 @@ class TrajectoryWriter:
         self._episode = 0
         self._episode_steps = 0       # completed steps of this episode
         self._history_steps = 0       # completed steps since history was last cleared
-        self._specs = {}              # path -> first value (fixes the column's dtype, shape)
+        self._specs = {}              # path -> the first value's dtype and shape (no data)
         self._paths_of = {}           # treedef of appended data -> its leaves' paths
         self._next_uid = None         # the uid of the step being appended
         self._flat = None             # (keys, paths) when the last step was a flat dict
@@ -380,7 +394,9 @@ class TrajectoryWriter:
         for path, value in converted:
             column = columns.get(path)
             if column is None:
-                first_values.setdefault(path, value)
+                # (its dtype and shape, not its data: a big first frame is not kept)
+                first_values.setdefault(path, np.broadcast_to(np.zeros((), value.dtype),
+                                                              value.shape))
                 named = _named_path(data, path)
                 keep = self._column_keep.get(path) or self._column_keep.get(named, self._keep)
                 column = columns[path] = _ColumnHistory(path, keep, position, self._span)
@@ -433,7 +449,7 @@ class TrajectoryWriter:
             alive = column.values
             alive.append(ref)
             if len(alive) > column.keep:
-                alive.popleft().expired = True
+                column.expire(alive.popleft())
         self._episode_steps += 1
         self._history_steps += 1
         self._after_step()

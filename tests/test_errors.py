@@ -587,3 +587,17 @@ def test_python_scalars_are_inserted_only_when_their_column_stores_them_unchange
         assert got["u"].tolist() == [1, 255, 3] and got["f"][1] == np.float32(0.1)
         assert np.isnan(got["h"][1]) and got["f"][2] == 0.5
         client.close()
+
+
+def test_python_ints_exact_in_a_float_column_take_the_fast_path():
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=new_name("fastint")) as server:
+        client = shmreplay.Client(server.name)
+        client.insert({"r": np.float32(0.5)}, {"q": 1.0})
+        engine = client._engine("q")
+        assert engine.fast_leaves({"r": 2**24}) is not None  # exact in float32
+        assert engine.fast_leaves({"r": 2**24 + 1}) is None  # the general path refuses it
+        with pytest.raises(errors.SchemaError, match="cannot hold it exactly"):
+            client.insert({"r": 2**24 + 1}, {"q": 1.0})
+        client.insert({"r": 3}, {"q": 1.0})
+        assert client.sample_batch("q", 2, timeout=1).data["r"].tolist() == [0.5, 3.0]
+        client.close()

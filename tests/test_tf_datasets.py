@@ -489,3 +489,16 @@ def test_a_zero_size_column_is_refused_by_the_per_item_datasets_and_read_by_make
                 dataset.from_table_signature(name, "q", 1)
         batch = next(iter(shmreplay_tf.make_dataset(name, "q", batch_size=2, max_batches=1)))
         assert batch.data["x"].shape == (2, 0) and batch.data["y"].numpy().tolist() == [0, 1]
+
+
+def test_timestep_dataset_from_a_signature_is_the_same_before_and_after_items():
+    # A signature is taken as it is (as Reverb does), whenever the dataset is made.
+    table = shmreplay.Table.queue("q", 10, signature={"a": TensorSpec((3, 2), np.float32)})
+    with serve(table) as (name, client):
+        before = shmreplay_tf.TimestepDataset.from_table_signature(name, "q", 1).element_spec
+        with client.trajectory_writer(3) as writer:
+            for t in range(3):
+                writer.append({"a": np.full(2, t, np.float32)})
+            writer.create_item("q", 1.0, {"a": writer.history["a"][-3:]})
+        after = shmreplay_tf.TimestepDataset.from_table_signature(name, "q", 1).element_spec
+        assert before.data == after.data == {"a": tf.TensorSpec((3, 2), tf.float32)}

@@ -13,6 +13,7 @@ limiter refuses the writer's pending item.
 """
 
 import contextlib
+import gc
 import re
 import time
 
@@ -1356,3 +1357,20 @@ def test_none_for_a_field_the_open_step_has_is_no_second_value():
         writer.append({"a": None, "b": None, "d": np.int64(4)})
         assert {k: values(writer.history[k], 1) for k in "abcd"} == {
             "a": [1], "b": [2], "c": [3], "d": [4]}
+
+
+def test_history_keeps_no_data_of_a_fields_expired_values():
+    # configure gives 'obs' a keep of 1 while the writer keeps 6 steps: history still
+    # shows 6 positions, but only the newest obs may keep its array alive.
+    import weakref
+    with serve() as (server, client), trajectory_writer(client, 6) as writer:
+        writer.configure(("obs",), num_keep_alive_refs=1)
+        alive = []
+        for i in range(6):
+            writer.append({"obs": np.full(1000, i, np.float32), "t": np.int64(i)})
+            alive.append(weakref.ref(writer.history["obs"][-1]._refs[0].value))
+        gc.collect()
+        assert [ref() is not None for ref in alive] == [False] * 5 + [True]
+        with pytest.raises(ValueError, match="expired"):
+            writer.create_item("q", 1.0, {"obs": writer.history["obs"][-2:]})
+        assert writer.history["obs"][-2:].shape == (2, 1000)  # expired refs keep their shape

@@ -378,7 +378,8 @@ class TimestepDataset(TrajectoryDataset):
     must have the same length; items from ``Client.insert`` are one timestep each. The
     item's ``info`` repeats on each of its timesteps; nothing marks where an item ends
     (batch by the item length, or use ``TrajectoryDataset``). ``from_table_signature``
-    takes one timestep's shapes: a sequence item's columns without their time dimension.
+    takes the table's signature as it is (one timestep's, as in Reverb) or, without one,
+    the items' shapes: a sequence item's columns without their time dimension.
     """
 
     _TIMESTEPS = True

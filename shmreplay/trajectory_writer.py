@@ -449,7 +449,10 @@ class TrajectoryWriter:
             alive = column.values
             alive.append(ref)
             if len(alive) > column.keep:
-                column.expire(alive.popleft())
+                old = alive.popleft()
+                old.expired = True
+                if column.span > column.keep:
+                    column.expire(old)
         self._episode_steps += 1
         self._history_steps += 1
         self._after_step()

@@ -147,12 +147,10 @@ class _ColumnHistory:
     def extend_to(self, length: int):
         """Pads with None up to ``length`` steps (the field was absent from those steps)."""
         while len(self) < length:
-            self._push(None)
+            self.push(None)
 
     def push(self, ref):
-        self._push(ref)
-
-    def _push(self, ref):
+        """Adds the next step's position: ``ref``, or None if the step lacks the field."""
         self.refs.append(ref)
         if len(self.refs) > self.span:
             self.refs.popleft()

@@ -16,9 +16,12 @@ The average return (of the last 20 episodes) climbs from about 20 (random) towar
 500 (CartPole-v1's cap) within a couple of minutes on 2 cores.
 """
 
+import os
+import sys
+
 import numpy as np
 
-from _cartpole import BATCH, init_params, main, q_values
+from _cartpole import BATCH, WAIT_MS, init_params, main, q_values, run_goes_on
 
 
 def learner(name, seed, stop, stats, learning_rate=1e-3):
@@ -61,25 +64,26 @@ def learner(name, seed, stop, stats, learning_rate=1e-3):
         client.insert(host, priorities={"params": 1.0}, timeout=5)
 
     publish(params)
-    steps = 0
-    with BatchIterator(client, "replay", BATCH, importance_beta=0.4, prefetch=2,
-                       rate_limiter_timeout_ms=1_000) as batches:
-        while not stop.is_set():
-            try:
-                batch = next(batches)
-            except StopIteration:  # no sample for a second: the actors are gone
-                break
-            params, adam, td = update(params, target, adam, batch.data, batch.weights)
-            batches.update_priorities(batch.info.key, td, epsilon=1e-3)
-            steps += 1
-            if steps % 200 == 0:
-                target = params
-            if steps % 100 == 0:
-                publish(params)
-                stats.put(("learner", steps))
+    owner, steps = os.getppid(), 0
+    while run_goes_on(stop, owner):
+        # The iterator ends after WAIT_MS without a batch: the actors may still be
+        # starting (a first run compiles kernels), or busy. The learner then opens
+        # another, for as long as the owner has not said stop.
+        with BatchIterator(client, "replay", BATCH, importance_beta=0.4, prefetch=2,
+                           rate_limiter_timeout_ms=WAIT_MS) as batches:
+            for batch in batches:
+                params, adam, td = update(params, target, adam, batch.data, batch.weights)
+                batches.update_priorities(batch.info.key, td, epsilon=1e-3)
+                steps += 1
+                if steps % 200 == 0:
+                    target = params
+                if steps % 100 == 0 or steps == 1:
+                    publish(params)
+                    stats.put(("learner", steps))
+                if stop.is_set():
+                    break
     client.close()
 
 
-
 if __name__ == "__main__":
-    main(learner, __doc__.split("\n\n")[0], "jax-dqn")
+    sys.exit(main(learner, __doc__.split("\n\n")[0], "jax-dqn", target=475))

@@ -17,10 +17,11 @@ The average return (of the last 20 episodes) climbs from about 20 (random) towar
 """
 
 import os
+import sys
 
 import numpy as np
 
-from _cartpole import BATCH, init_params, main
+from _cartpole import BATCH, WAIT_MS, init_params, main, run_goes_on
 
 BETA = 0.4  # importance-sampling correction
 
@@ -65,23 +66,27 @@ def learner(name, seed, stop, stats, learning_rate=1e-3):
                       timeout=5)
 
     publish()
-    dataset = shmreplay_tf.make_dataset(name, "replay", batch_size=BATCH, prefetch_size=2,
-                                        rate_limiter_timeout_ms=1_000)
-    steps = 0
-    for sample in dataset:  # ends when no batch comes for a second: the actors are gone
-        if stop.is_set():
-            break
-        keys, td = update(sample)
-        client.update_priorities("replay", keys.numpy(), np.abs(td.numpy()) + 1e-3)
-        steps += 1
-        if steps % 200 == 0:
-            for k in params:
-                target[k].assign(params[k])
-        if steps % 100 == 0:
-            publish()
-            stats.put(("learner", steps))
+    owner, steps = os.getppid(), 0
+    while run_goes_on(stop, owner):
+        # The dataset ends after WAIT_MS without a batch: the actors may still be
+        # starting (a first run compiles kernels), or busy. The learner then makes
+        # another, for as long as the owner has not said stop.
+        dataset = shmreplay_tf.make_dataset(name, "replay", batch_size=BATCH, prefetch_size=2,
+                                            rate_limiter_timeout_ms=WAIT_MS)
+        for sample in dataset:
+            keys, td = update(sample)
+            client.update_priorities("replay", keys.numpy(), np.abs(td.numpy()) + 1e-3)
+            steps += 1
+            if steps % 200 == 0:
+                for k in params:
+                    target[k].assign(params[k])
+            if steps % 100 == 0 or steps == 1:
+                publish()
+                stats.put(("learner", steps))
+            if stop.is_set():
+                break
     client.close()
 
 
 if __name__ == "__main__":
-    main(learner, __doc__.split("\n\n")[0], "tf-dqn")
+    sys.exit(main(learner, __doc__.split("\n\n")[0], "tf-dqn", target=400))

@@ -74,6 +74,11 @@ def learner(name, seed, stop, stats, learning_rate=1e-3):
         dataset = shmreplay_tf.make_dataset(name, "replay", batch_size=BATCH, prefetch_size=2,
                                             rate_limiter_timeout_ms=WAIT_MS)
         for sample in dataset:
+            if stop.is_set():
+                # Not ``break``: dropping an iterator whose next batches are being
+                # sampled waits for those calls, and twice in 15 runs it hung. Once the
+                # actors stop, the batches run out and the dataset ends on its own.
+                continue
             keys, td = update(sample)
             client.update_priorities("replay", keys.numpy(), np.abs(td.numpy()) + 1e-3)
             steps += 1
@@ -83,8 +88,6 @@ def learner(name, seed, stop, stats, learning_rate=1e-3):
             if steps % 100 == 0 or steps == 1:
                 publish()
                 stats.put(("learner", steps))
-            if stop.is_set():
-                break
     client.close()
 
 

@@ -18,7 +18,7 @@ import uuid
 import weakref
 from typing import Optional, Sequence
 
-from shmreplay import _buffer, _checkpoint, _restore, checkpointers, errors
+from shmreplay import _buffer, _checkpoint, _restore, _warmup, checkpointers, errors
 from shmreplay.table import Table, validate_name
 
 
@@ -82,6 +82,9 @@ class Server:
         if name is None:
             name = f"srv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._name = validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME)
+        # Before any actor can attach: a cold numba cache is filled here, once per
+        # machine, instead of in every process at its first call.
+        _warmup.warm_up()
         self._tables = list(tables)
         self._owner_pid = os.getpid()
         self._stopped = threading.Event()

@@ -54,7 +54,14 @@ def _run(args, cache, timeout=900):
 
 
 def _python(code, cache, timeout=900):
-    return _run([sys.executable, "-c", code], cache, timeout)
+    """Runs ``code`` as a script file (spawned children import their target from it)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="bench_startup_",
+                                     delete=False) as script:
+        script.write(code)
+    try:
+        return _run([sys.executable, script.name], cache, timeout)
+    finally:
+        os.unlink(script.name)
 
 
 def _quickstart_code(name):

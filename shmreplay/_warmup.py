@@ -40,15 +40,19 @@ _FULL_COMPILE_SECONDS = 16.0
 
 @dataclasses.dataclass(frozen=True)
 class WarmUp:
-    """What ``warm_up`` did: how many kernels were missing, and how long it took."""
-    missing: int
+    """What ``warm_up`` did.
+
+    Attributes:
+      compiled: How many of the ``kernels`` entry points this call compiled (0: the
+        cache held them all, or another process compiled them meanwhile).
+      kernels: How many entry points the cache must hold.
+      seconds: How long the call took.
+      cache_directory: Where numba keeps them.
+    """
+    compiled: int
     kernels: int
     seconds: float
     cache_directory: str
-
-    @property
-    def compiled(self) -> bool:
-        return self.missing > 0
 
 
 def warm_up(log: bool = True) -> WarmUp:
@@ -64,28 +68,33 @@ def warm_up(log: bool = True) -> WarmUp:
         set up) that kernels are being compiled and about how long that takes.
 
     Returns:
-      A ``WarmUp`` record (``missing`` is 0 when the cache was already complete).
+      A ``WarmUp`` record.
     """
+    global _complete
     from shmreplay._kernels import _jit
     start = time.monotonic()
-    if _running:  # the scratch run's own Servers
+    if _running or _complete:  # the scratch run's own Servers; a later Server
         return WarmUp(0, len(_jit.entry_points()), 0.0, _jit.cache_directory())
-    missing = _jit.uncached()
     total = len(_jit.entry_points())
-    if missing:
+    missing = []
+    if _jit.uncached():
         with _jit.machine_lock():
             # Another process may have compiled them while this one waited for the lock.
-            missing_now = _jit.uncached()
-            if missing_now:
+            missing = _jit.uncached()
+            if missing:
                 if log:
                     _log.warning("shmreplay: compiling kernels, first run only: ~%d s "
-                                 "(cached in %s)", _estimate(len(missing_now), total),
+                                 "(cached in %s)", _estimate(len(missing), total),
                                  _jit.cache_directory())
                 _exercise_every_kernel()
                 if log:
                     _log.warning("shmreplay: kernels compiled in %.1f s",
                                  time.monotonic() - start)
+    _complete = True
     return WarmUp(len(missing), total, time.monotonic() - start, _jit.cache_directory())
+
+
+_complete = False  # this process found (or made) the cache complete
 
 
 def _estimate(missing: int, total: int) -> int:

@@ -476,7 +476,7 @@ def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
             except errors.DeadlineExceededError:
                 raise errors.DeadlineExceededError(  # name the caller's timeout, not the rest
                     f"Table '{engines[first].name}': the rate limiter did not allow the "
-                    f"insert within the timeout of {timeout} s.") from None
+                    f"insert within the timeout of {errors.seconds(timeout)}.") from None
             for i, engine in enumerate(engines):
                 if reserved[i] is None:
                     try:

@@ -273,7 +273,7 @@ class Writer:
         if not self._pending.drain(timeout):
             raise errors.DeadlineExceededError(
                 f"Writer.flush: {len(self._pending)} item(s) still wait for their table's "
-                f"rate limiter after {timeout} s.")
+                f"rate limiter after {errors.seconds(timeout)}.")
 
     def close(self, retry_on_unavailable: bool = True, timeout: Optional[float] = None):
         """Flushes, then closes the writer.

@@ -92,3 +92,56 @@ def test_seconds_are_readable_and_keep_what_was_asked():
     assert errors.seconds(1e-4) == "0.0001 s"
     assert errors.seconds(3600) == "3600 s"
     assert errors.seconds(2.5, "ms") == "2.5 ms"
+
+
+# --- a second Server with a taken name ------------------------------------------------------
+
+
+def test_a_taken_name_says_whose_it_is_and_whether_its_owner_lives(buffer_name):
+    ready, queue = SPAWN.Event(), SPAWN.Queue()
+    owner = SPAWN.Process(target=_mp_workers.owner_waits, args=(buffer_name, ready, queue))
+    with _mp_workers.processes(owner, join_timeout=0):
+        assert ready.wait(60), "the owner did not create its buffer"
+        before = _mp_workers.shm_objects(buffer_name)
+        with pytest.raises(errors.BufferExistsError,
+                           match=all_of(f"'{buffer_name}'", "already exists",
+                                        f"pid {owner.pid}, is alive", "another name",
+                                        "shmreplay ls")) as info:
+            shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name)
+        assert isinstance(info.value, FileExistsError)
+        with shmreplay.Client(buffer_name) as client:  # the owner's buffer is untouched
+            assert client.server_info()["signed"].current_size == 1
+        assert _mp_workers.shm_objects(buffer_name) == before
+
+        assert _mp_workers.kill_and_reap(owner) == -9
+        with pytest.raises(errors.BufferExistsError,
+                           match=all_of(f"'{buffer_name}'", f"pid {owner.pid}, is dead",
+                                        "shmreplay gc", f"shmreplay rm {buffer_name}")):
+            shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name)
+        assert _mp_workers.shm_objects(buffer_name) == before
+    from shmreplay import cli
+    import io
+    assert cli.main(["rm", buffer_name], out=io.StringIO()) == 0   # what the message says
+    with shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name) as server:
+        assert server.name == buffer_name
+
+
+def test_a_taken_name_in_this_process_says_so(buffer_name):
+    with shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name):
+        with pytest.raises(errors.BufferExistsError,
+                           match=all_of(f"this process \\(pid {os.getpid()}\\)",
+                                        "already running here")):
+            shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name)
+
+
+def test_a_name_taken_by_something_else_is_left_alone(buffer_name):
+    path = f"/dev/shm/shmreplay.{buffer_name}"
+    os.mkfifo(path, 0o600)  # opening it for reading would block: never done
+    try:
+        with pytest.raises(errors.BufferExistsError,
+                           match=all_of("not a buffer this shmreplay can judge",
+                                        "not a regular file", "rm --force")):
+            shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name)
+        assert os.path.exists(path)
+    finally:
+        os.unlink(path)

@@ -5,6 +5,7 @@ results. No offsets, no locks, no numba here.
 """
 
 import os
+import re
 import time
 from typing import Dict, Iterator, List, Optional
 
@@ -32,6 +33,8 @@ class Client:
         trust every member of the group. Buffers of your own user never need it.
 
     Raises:
+      InvalidNameError: if ``server_address`` is not a buffer name; a Reverb address
+        such as ``"localhost:8000"`` is told how names replace addresses.
       BufferNotFoundError: if no buffer of that name exists.
       LayoutMismatchError: if the name belongs to something that is not a compatible
         shmreplay buffer, or to another user's buffer that is not group-shared or that
@@ -42,9 +45,12 @@ class Client:
     """
 
     def __init__(self, server_address: str, trust_group: bool = False):
-        self._name = validate_name(server_address, "Buffer", _buffer.MAX_BUFFER_NAME)
+        self._name = _buffer_name(server_address)
         self._trust_group = bool(trust_group)
-        self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
+        try:
+            self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
+        except errors.BufferNotFoundError as exc:
+            raise errors.BufferNotFoundError(_not_found(self._name, exc)) from exc
 
     @property
     def server_address(self) -> str:
@@ -411,6 +417,37 @@ class Client:
         if self._buffer is None:
             raise errors.ClosedError(f"Client for '{self._name}' was closed.")
         return {engine.name: engine.info() for engine in self._buffer.engines}
+
+
+# --- addresses ---------------------------------------------------------------------------
+
+# What a name that is really a host (Reverb's "localhost:8000" without the port) looks like.
+_HOST = re.compile(r"localhost|\d{1,3}(\.\d{1,3}){3}")
+
+
+def _buffer_name(address) -> str:
+    """``address`` if it is a valid buffer name; a Reverb-style address is told how
+    names replace addresses (no valid name contains ':', so none is refused here)."""
+    try:
+        return validate_name(address, "Buffer", _buffer.MAX_BUFFER_NAME)
+    except errors.InvalidNameError:
+        if not (isinstance(address, str) and ":" in address):
+            raise
+    raise errors.InvalidNameError(
+        f"Client({address!r}): shmreplay attaches to a buffer by its name, not by a "
+        "host:port address (there is no server socket). Pass the name the Server was "
+        "created with: Server(tables, name='my-replay') and Client('my-replay'), or "
+        "Client(server.name) where Reverb has Client(f'localhost:{server.port}'). "
+        "`shmreplay ls` lists the buffers on this machine.") from None
+
+
+def _not_found(name: str, exc) -> str:
+    hint = ("`shmreplay ls` lists the buffers on this machine; Server(tables, name=...) "
+            "creates one")
+    if _HOST.fullmatch(name):
+        hint = (f"{name!r} looks like a host: shmreplay buffers are named (Server(tables, "
+                f"name=...), server.name), not addressed. {hint[0].upper()}{hint[1:]}")
+    return f"{exc} {hint}."
 
 
 # --- input conversion ----------------------------------------------------------------------

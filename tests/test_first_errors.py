@@ -5,6 +5,7 @@ exactly as it was.
 
 import multiprocessing
 import os
+import re
 
 import numpy as np
 import pytest
@@ -145,3 +146,61 @@ def test_a_name_taken_by_something_else_is_left_alone(buffer_name):
         assert os.path.exists(path)
     finally:
         os.unlink(path)
+
+
+# --- addresses: Reverb's "localhost:8000" and shmreplay's names -----------------------------
+
+
+@pytest.mark.parametrize("address", ["localhost:8000", "127.0.0.1:8000", "[::1]:8000",
+                                     "dns:///replay-host:80"])
+def test_a_reverb_address_is_told_how_names_replace_it(address):
+    with pytest.raises(errors.InvalidNameError,
+                       match=all_of(re.escape(repr(address)), "by its name",
+                                    "not by a host:port address", r"Client\(server\.name\)",
+                                    "shmreplay ls")) as info:
+        shmreplay.Client(address)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
+def test_a_name_that_looks_like_a_host_is_a_name(host):
+    # A valid name is never refused: it is looked up, and its absence explained.
+    with pytest.raises(errors.BufferNotFoundError,
+                       match=all_of(f"'{host}' looks like a host", "shmreplay ls")):
+        shmreplay.Client(host)
+
+
+@pytest.mark.parametrize("tail", ["", "_under.dot-dash", ".127.0.0.1", ".t", ".tt1", ".t1x",
+                                  "-" + "x" * 40])
+def test_every_valid_name_attaches(tail):
+    name = _names.unique("name") + tail
+    with shmreplay.Server([shmreplay.Table.queue("q", 2)], name=name) as server:
+        with shmreplay.Client(name) as client:
+            client.insert({"x": np.zeros(1)}, {"q": 1.0})
+        with server.localhost_client() as client:
+            assert server.name == name == client.server_address
+
+
+def test_a_name_like_another_buffers_data_segment_is_refused(buffer_name):
+    # "NAME.t1" is where buffer NAME keeps table 1's data: both buffers would use it.
+    with shmreplay.Server([shmreplay.Table.queue("a", 2), shmreplay.Table.queue("b", 2)],
+                          name=buffer_name) as server:
+        for name in (f"{buffer_name}.t1", f"{buffer_name}.t01"):
+            with pytest.raises(errors.InvalidNameError,
+                               match=all_of(re.escape(repr(name)), r"'\.t' and digits",
+                                            "data segments", f"'{buffer_name}'")):
+                shmreplay.Server([shmreplay.Table.queue("q", 2)], name=name)
+        with shmreplay.Client(server.name) as client:  # table b's data segment is its own
+            client.insert({"x": np.zeros(1)}, {"b": 1.0}, timeout=5)
+            assert client.sample_batch("b", 1, timeout=5).data["x"].shape == (1, 1)
+
+
+def test_reverbs_port_keyword_is_accepted_and_port_points_to_the_name(buffer_name):
+    with shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name,
+                          port=8000) as server:
+        with pytest.raises(AttributeError,
+                           match=all_of("no port", "attach by name",
+                                        re.escape(f"Client({buffer_name!r})"))):
+            server.port
+        with server.localhost_client() as client:   # Reverb's Client(f"localhost:{port}")
+            assert client.server_address == buffer_name

@@ -12,6 +12,7 @@ buffer stays until removed by name.)
 import atexit
 import functools
 import os
+import re
 import signal
 import threading
 import uuid
@@ -82,7 +83,7 @@ class Server:
         _check_tables(tables)
         if name is None:
             name = f"srv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._name = validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME)
+        self._name = _check_name(validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME))
         self._tables = list(tables)
         self._owner_pid = os.getpid()
         self._stopped = threading.Event()
@@ -167,6 +168,22 @@ class Server:
     def __repr__(self):
         state = "stopped" if self.stopped else "serving"
         return f"Server(name={self._name!r}, tables={[t.name for t in self._tables]}, {state})"
+
+
+_DATA_SEGMENT_TAIL = re.compile(r"(?P<base>.+)\.t(?P<table>[0-9]+)")
+
+
+def _check_name(name: str) -> str:
+    """Refuses a name that another buffer would give one of its data segments
+    (``shmreplay.NAME.tI``): the two buffers would share, and remove, that segment."""
+    match = _DATA_SEGMENT_TAIL.fullmatch(name)
+    if match:
+        raise errors.InvalidNameError(
+            f"Buffer name {name!r} ends in '.t' and digits, as the data segments of a "
+            f"buffer's tables are named (a buffer {match['base']!r} keeps table I's data in "
+            f"segment '{match['base']}.tI'): two buffers would share, and remove, each "
+            "other's segments. Pick a name that does not end so.")
+    return name
 
 
 def _name_taken(name: str) -> errors.BufferExistsError:

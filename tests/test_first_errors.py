@@ -204,3 +204,159 @@ def test_reverbs_port_keyword_is_accepted_and_port_points_to_the_name(buffer_nam
             server.port
         with server.localhost_client() as client:   # Reverb's Client(f"localhost:{port}")
             assert client.server_address == buffer_name
+
+
+# --- data that does not fit: structure in words, dtype before shape, None ------------------
+
+SIGNED = {"obs": TensorSpec((2,), np.float32), "reward": TensorSpec((), np.float64),
+          "nest": {"a": TensorSpec((3,), np.int64)}}
+
+
+def _item(**change):
+    item = {"obs": np.zeros(2, np.float32), "reward": 1.0, "nest": {"a": np.zeros(3, np.int64)}}
+    item.update(change)
+    return {key: value for key, value in item.items() if value is not _DROP}
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("table", ["signed", "first-item"])
+def test_a_structure_mismatch_names_the_key_paths_in_words(buffer_name, table):
+    tables = [uniform("signed", signature=SIGNED), uniform("first-item")]
+    with shmreplay.Server(tables, name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        other = "first-item" if table == "signed" else "signed"
+        client.insert(_item(), {table: 1.0, other: 1.0})
+        before = contents(client, table), contents(client, other)
+        cases = [
+            (_item(reward=_DROP), ["\\['reward'\\] is missing",
+                                   "a float64 column of shape \\(\\)"]),
+            (_item(extra=np.zeros(1)), ["\\['extra'\\] is an extra key"]),
+            (_item(reward=_DROP, rew=1.0), ["\\['reward'\\] is missing",
+                                            "\\['rew'\\] is an extra key"]),
+            (_item(nest={"a": np.zeros(3, np.int64), "b": 1}),
+             ["\\['nest'\\]\\['b'\\] is an extra key"]),
+            (_item(obs=[0.0, 1.0]), ["\\['obs'\\] is a list of 2",
+                                     "a float32 column of shape \\(2,\\)", "np.asarray"]),
+            (_item(nest=(np.zeros(3, np.int64),)),
+             ["\\['nest'\\] is a tuple of 1", "a dict with keys 'a'"]),
+            ((np.zeros(2, np.float32), 1.0), ["the data is a tuple of 2",
+                                              "a dict with keys 'nest', 'obs', 'reward'"]),
+        ]
+        for data, parts in cases:
+            # one table: the fast path first; two: the general path at once
+            for priorities in ({table: 1.0}, {table: 1.0, other: 1.0}):
+                with pytest.raises(errors.SchemaError,
+                                   match=all_of(f"'{table}'", "structure", *parts)):
+                    client.insert(data, priorities)
+        with pytest.raises(errors.SchemaError, match=all_of("\\['reward'\\] is missing")):
+            client.insert_batch({"obs": np.zeros((2, 2), np.float32),
+                                 "nest": {"a": np.zeros((2, 3), np.int64)}}, {table: 1.0})
+        assert (contents(client, table), contents(client, other)) == before
+
+
+def test_a_string_into_a_numeric_column_says_dtype_not_shape(buffer_name):
+    with shmreplay.Server([uniform("t", signature=SIGNED), uniform("raw")],
+                          name=buffer_name) as server, shmreplay.Client(server.name) as client:
+        client.insert(_item(), {"t": 1.0})
+        before = contents(client, "t")
+        for value, got in (("ab", "the str 'ab'"), (b"ab", "the bytes b'ab'"),
+                           (np.array(["a", "b"]), "an array of dtype <U1 \\(strings\\)"),
+                           (np.array([object(), object()]), "dtype object")):
+            with pytest.raises(errors.SchemaError,
+                               match=all_of("'t'", "\\['obs'\\]", "expected dtype float32",
+                                            got, "never strings")) as info:
+                client.insert(_item(obs=value), {"t": 1.0})
+            assert "shape" not in str(info.value)
+        assert contents(client, "t") == before
+        # the first item of an unsigned table: no column of strings is made
+        with pytest.raises(errors.SchemaError,
+                           match=all_of("'raw'", "\\['obs'\\]", "<U2 \\(strings\\)", "numeric")):
+            client.insert({"obs": "ab"}, {"raw": 1.0})
+        assert client.server_info()["raw"].signature is None
+
+
+def test_a_none_in_a_tables_first_item_is_refused(buffer_name):
+    with shmreplay.Server([uniform("t")], name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        for data, where in (({"obs": np.zeros(2), "reward": None}, "\\['reward'\\] is None"),
+                            ((np.zeros(2), None, {"x": None}), "\\[1\\], \\[2\\]\\['x'\\] are None")):
+            with pytest.raises(errors.MissingValueError,
+                               match=all_of("'t'", "first item fixes the table's columns",
+                                            where, "needs a value", "signature")) as info:
+                client.insert(data, {"t": 1.0})
+            # Reverb refuses a None leaf with a TypeError; a SchemaError is a ValueError
+            assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+        assert client.server_info()["t"].signature is None  # nothing was fixed
+        client.insert({"obs": np.zeros(2), "reward": np.float32(0)}, {"t": 1.0})
+        before = contents(client, "t")
+        with pytest.raises(errors.MissingValueError,
+                           match=all_of("'t'", "\\['reward'\\] is None",
+                                        "a float32 column of shape \\(\\)")):
+            client.insert({"obs": np.zeros(2), "reward": None}, {"t": 1.0})
+        assert contents(client, "t") == before
+
+
+def test_a_float32_into_a_column_a_python_float_made_says_so(buffer_name):
+    # The README's trap: a Python float in the first item makes a float64 column, and a
+    # learner's np.float32 reward is then refused. The message says how it came to be.
+    with shmreplay.Server([uniform("replay"), uniform("signed", signature=SIGNED)],
+                          name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        client.insert({"obs": np.zeros(2, np.float32), "reward": 1.0}, {"replay": 1.0})
+        before = contents(client, "replay")
+        for reward, got in ((np.float32(1.0), "a numpy float32 scalar"),
+                            (np.ones(1, np.float32)[0], "a numpy float32 scalar")):
+            with pytest.raises(errors.SchemaError,
+                               match=all_of("'replay'", "\\['reward'\\]",
+                                            "expected dtype float64, got float32", got,
+                                            "never cast", "first item fixed",
+                                            "a Python float makes float64",
+                                            "np\\.float32\\(\\.\\.\\.\\)")):
+                client.insert({"obs": np.zeros(2, np.float32), "reward": reward},
+                              {"replay": 1.0})
+        with pytest.raises(errors.SchemaError,
+                           match=all_of("'replay'", "\\['reward'\\]", "float64", "float32",
+                                        "an array of float32")):
+            client.insert_batch({"obs": np.zeros((2, 2), np.float32),
+                                 "reward": np.ones(2, np.float32)}, {"replay": 1.0})
+        assert contents(client, "replay") == before
+        # a table with a signature chose its dtypes: no word about a first item
+        client.insert(_item(), {"signed": 1.0})
+        with pytest.raises(errors.SchemaError, match="float32") as info:
+            client.insert(_item(reward=np.float32(1)), {"signed": 1.0})
+        assert "first item" not in str(info.value)
+
+
+def test_the_readme_example_takes_a_learners_float32_reward(buffer_name):
+    # With np.float32(1.0) in the first item, float32 rewards and Python floats both fit.
+    with shmreplay.Server([uniform("replay")], name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        client.insert({"obs": np.zeros(8, np.float32), "reward": np.float32(1.0)},
+                      priorities={"replay": 1.0})
+        client.insert({"obs": np.zeros(8, np.float32), "reward": np.float32(0.5)},
+                      priorities={"replay": 1.0})
+        client.insert({"obs": np.zeros(8, np.float32), "reward": 0.25}, {"replay": 1.0})
+        batch = client.sample_batch("replay", 3, timeout=5)
+        assert batch.data["reward"].dtype == np.float32
+
+
+def test_the_writers_name_structure_mismatches_in_words(buffer_name):
+    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        with client.writer(2) as writer:
+            writer.append({"a": np.zeros(2), "b": np.int64(1)})
+            with pytest.raises(errors.SchemaError,
+                               match=all_of("Writer", "\\['b'\\] is missing",
+                                            "the first step has an int64 column")):
+                writer.append({"a": np.zeros(2)})
+            writer.create_item("q", 1, 1.0)
+        trajectory = client.trajectory_writer(2)
+        trajectory.append({"a": np.zeros(2), "c": np.int64(1)})
+        with pytest.raises(errors.SchemaError,
+                           match=all_of("'q'", "\\['b'\\] is missing",
+                                        "\\['c'\\] is an extra key")):
+            trajectory.create_item("q", 1.0, {"a": trajectory.history["a"][-1:],
+                                              "c": trajectory.history["c"][-1:]})
+        trajectory.close()

@@ -281,7 +281,8 @@ def test_a_none_in_a_tables_first_item_is_refused(buffer_name):
     with shmreplay.Server([uniform("t")], name=buffer_name) as server, \
             shmreplay.Client(server.name) as client:
         for data, where in (({"obs": np.zeros(2), "reward": None}, "\\['reward'\\] is None"),
-                            ((np.zeros(2), None, {"x": None}), "\\[1\\], \\[2\\]\\['x'\\] are None")):
+                            ((np.zeros(2), None, {"x": None}),
+                             "\\[1\\], \\[2\\]\\['x'\\] are None")):
             with pytest.raises(errors.MissingValueError,
                                match=all_of("'t'", "first item fixes the table's columns",
                                             where, "needs a value", "signature")) as info:

@@ -244,9 +244,10 @@ def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str],
     if layout is not None:
         expected_treedef, expected_specs, _ = layout
         if not specs.same_structure(treedef, expected_treedef):
+            problems, _ = specs.structure_mismatch(treedef, expected_treedef, expected_specs)
             raise errors.SchemaError(
-                f"Table '{table}': the item's structure {treedef} does not match the "
-                f"table's {expected_treedef}.")
+                f"Table '{table}': the item does not match the structure of the table's "
+                f"items: {'; '.join(problems)}.")
         by_signature = per_step and not engine.has_columns()
         for spec, want, path, column in zip(got, expected_specs, paths, columns):
             if spec.shape != want.shape or spec.dtype != want.dtype:

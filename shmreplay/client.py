@@ -5,6 +5,7 @@ results. No offsets, no locks, no numba here.
 """
 
 import os
+import re
 import time
 from typing import Dict, Iterator, List, Optional
 
@@ -32,6 +33,8 @@ class Client:
         trust every member of the group. Buffers of your own user never need it.
 
     Raises:
+      InvalidNameError: if ``server_address`` is not a buffer name; a Reverb address
+        such as ``"localhost:8000"`` is told how names replace addresses.
       BufferNotFoundError: if no buffer of that name exists.
       LayoutMismatchError: if the name belongs to something that is not a compatible
         shmreplay buffer, or to another user's buffer that is not group-shared or that
@@ -42,9 +45,12 @@ class Client:
     """
 
     def __init__(self, server_address: str, trust_group: bool = False):
-        self._name = validate_name(server_address, "Buffer", _buffer.MAX_BUFFER_NAME)
+        self._name = _buffer_name(server_address)
         self._trust_group = bool(trust_group)
-        self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
+        try:
+            self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
+        except errors.BufferNotFoundError as exc:
+            raise errors.BufferNotFoundError(_not_found(self._name, exc)) from exc
 
     @property
     def server_address(self) -> str:
@@ -413,6 +419,37 @@ class Client:
         return {engine.name: engine.info() for engine in self._buffer.engines}
 
 
+# --- addresses ---------------------------------------------------------------------------
+
+# What a name that is really a host (Reverb's "localhost:8000" without the port) looks like.
+_HOST = re.compile(r"localhost|\d{1,3}(\.\d{1,3}){3}")
+
+
+def _buffer_name(address) -> str:
+    """``address`` if it is a valid buffer name; a Reverb-style address is told how
+    names replace addresses (no valid name contains ':', so none is refused here)."""
+    try:
+        return validate_name(address, "Buffer", _buffer.MAX_BUFFER_NAME)
+    except errors.InvalidNameError:
+        if not (isinstance(address, str) and ":" in address):
+            raise
+    raise errors.InvalidNameError(
+        f"Client({address!r}): shmreplay attaches to a buffer by its name, not by a "
+        "host:port address (there is no server socket). Pass the name the Server was "
+        "created with: Server(tables, name='my-replay') and Client('my-replay'), or "
+        "Client(server.name) where Reverb has Client(f'localhost:{server.port}'). "
+        "`shmreplay ls` lists the buffers on this machine.") from None
+
+
+def _not_found(name: str, exc) -> str:
+    hint = ("`shmreplay ls` lists the buffers on this machine; Server(tables, name=...) "
+            "creates one")
+    if _HOST.fullmatch(name):
+        hint = (f"{name!r} looks like a host: shmreplay buffers are named (Server(tables, "
+                f"name=...), server.name), not addressed. {hint[0].upper()}{hint[1:]}")
+    return f"{exc} {hint}."
+
+
 # --- input conversion ----------------------------------------------------------------------
 
 
@@ -476,7 +513,7 @@ def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
             except errors.DeadlineExceededError:
                 raise errors.DeadlineExceededError(  # name the caller's timeout, not the rest
                     f"Table '{engines[first].name}': the rate limiter did not allow the "
-                    f"insert within the timeout of {timeout} s.") from None
+                    f"insert within the timeout of {errors.seconds(timeout)}.") from None
             for i, engine in enumerate(engines):
                 if reserved[i] is None:
                     try:
@@ -545,33 +582,69 @@ def _prepare_leaves(engine: TableEngine, leaves, treedef, batched: bool):
     if layout is not None:
         expected_treedef, column_specs, paths = layout
     else:
+        _refuse_none_in_first_item(table, treedef)
         paths = specs.path_strings(treedef)
         arrays = [_to_array(leaf, table, path) for leaf, path in zip(leaves, paths)]
         proposal = engine.propose_whole_items(treedef, arrays, batched)
         column_specs, expected_treedef = specs.flatten(proposal.signature)
     if not specs.same_structure(treedef, expected_treedef):
-        raise errors.SchemaError(
-            f"Table '{table}': the data's structure {treedef} does not match the table's "
-            f"{expected_treedef}.")
+        raise _structure_error(table, treedef, expected_treedef, column_specs)
     arrays = []
     for leaf, spec, path in zip(leaves, column_specs, paths):
         array = _to_array(leaf, table, path)
+        if array.dtype != spec.dtype and array.dtype.kind not in "biufc":
+            raise _not_numbers(table, path, leaf, array, spec)  # (say so, not its shape)
         shape = array.shape[1:] if batched else array.shape
         if shape != spec.shape:
             raise errors.SchemaError(
                 f"Table '{table}', column {path}: expected shape {spec.shape}"
                 f"{' after the batch dimension' if batched else ''}, got {shape}.")
         if array.dtype != spec.dtype:
-            array = _cast_python_scalar(leaf, array, spec, table, path)
+            array = _cast_python_scalar(engine, leaf, array, spec, path)
         arrays.append(array)
     if proposal is None and not engine.has_columns():
         proposal = engine.propose_whole_items(treedef, arrays, batched)
     return arrays, proposal
 
 
-def _cast_python_scalar(leaf, array, spec, table, path):
+def _structure_error(table, treedef, expected_treedef, column_specs):
+    problems, none_for_column = specs.structure_mismatch(treedef, expected_treedef,
+                                                         column_specs)
+    error = errors.MissingValueError if none_for_column else errors.SchemaError
+    return error(f"Table '{table}': the data does not match the structure of the table's "
+                 f"items: {'; '.join(problems)}.")
+
+
+def _refuse_none_in_first_item(table, treedef):
+    """A table's first item fixes its columns: a ``None`` in it would make every later
+    item carry ``None`` there too (Reverb refuses it with a ``TypeError``). Runs only
+    until the table has columns."""
+    where = specs.none_paths(treedef)
+    if where:
+        raise errors.MissingValueError(
+            f"Table '{table}': the first item fixes the table's columns, and its "
+            f"{', '.join(where)} {'is' if len(where) == 1 else 'are'} None: a column "
+            "needs a value (a number or an array) in every item. Give it one (e.g. "
+            "np.float32(0.0)), leave the key out of every item, or give the table a "
+            "signature.")
+
+
+def _not_numbers(table, path, leaf, array, spec):
+    shown = repr(leaf) if isinstance(leaf, (str, bytes)) else None
+    if shown:
+        what = f"the {type(leaf).__name__} {shown[:40]}{'...' if len(shown) > 40 else ''}"
+    else:
+        kind = "an array" if isinstance(leaf, np.ndarray) else f"a {type(leaf).__name__}"
+        what = f"{kind} of dtype {specs.describe_dtype(array.dtype)}"
+    return errors.SchemaError(
+        f"Table '{table}', column {path}: expected dtype {spec.dtype}, got {what}: a "
+        "column holds numbers (or booleans), never strings or Python objects.")
+
+
+def _cast_python_scalar(engine, leaf, array, spec, path):
     """Python scalars (``1.0``, ``3``, ``True``) may fill a column that stores them without
     changing them (``specs.python_scalar_as``: as the writers do)."""
+    table = engine.name
     dtype = np.dtype(spec.dtype)
     if isinstance(leaf, _PY_SCALARS):  # (numpy's float64 scalar is a float too)
         leaf = next(kind(leaf) for kind in _PY_SCALARS if isinstance(leaf, kind))
@@ -582,7 +655,29 @@ def _cast_python_scalar(leaf, array, spec, table, path):
             f"Table '{table}', column {path}: expected dtype {dtype}, got Python "
             f"{type(leaf).__name__} {leaf!r}: {specs.python_scalar_refusal(leaf, dtype)}.")
     raise errors.SchemaError(
-        f"Table '{table}', column {path}: expected dtype {spec.dtype}, got {array.dtype}.")
+        f"Table '{table}', column {path}: expected dtype {dtype}, got {array.dtype} "
+        f"({_kind_of(leaf, array)}). Columns never cast (a cast can round or wrap "
+        f"around): convert it, e.g. np.asarray(value, np.{dtype.name})."
+        + _fixed_by_first_item(engine, dtype, array.dtype))
+
+
+def _kind_of(leaf, array) -> str:
+    if isinstance(leaf, np.generic):
+        return f"a numpy {array.dtype} scalar"
+    if isinstance(leaf, np.ndarray):
+        return f"an array of {array.dtype}"
+    return f"a {type(leaf).__name__} of {array.dtype}"
+
+
+def _fixed_by_first_item(engine, dtype: np.dtype, got: np.dtype) -> str:
+    if engine.config.signature is not None:
+        return ""
+    made_by = {"float64": "a Python float makes float64", "int64": "a Python int int64",
+               "bool": "a Python bool bool"}.get(dtype.name)
+    return (" The table has no signature, so its first item fixed this column's dtype"
+            + (f" ({made_by})" if made_by else "")
+            + f": give the first item the dtype you insert (np.{got.name}(...)), or give "
+            "the table a signature.")
 
 
 def _check_priorities(engine, priority, count) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import List, Optional
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _storage, errors, specs
+from shmreplay import _inputs, _storage, errors, specs
 from shmreplay._kernels import table as kernels
 from shmreplay._table import _PID
 
@@ -479,8 +479,7 @@ def check_priority(engine, priority) -> float:
     """The priority as a float, or InvalidPriorityError (NaN, negative, too large)."""
     if type(priority) is float and 0.0 <= priority <= engine.max_priority:
         return priority
-    from shmreplay.client import _check_priorities
-    return float(_check_priorities(engine, priority, 1)[0])
+    return float(_inputs.check_priorities(engine, priority, 1)[0])
 
 
 def _insert_whole(engine, columns, priority, timeout):

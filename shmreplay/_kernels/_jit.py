@@ -12,16 +12,18 @@ kernels are missing from the cache and compiles them ahead of use.
   versions instead of 71 for the quickstart's calls, a sixth of the compile time).
   Calls between kernels are typed with the arguments' plain types, so all callers
   share one version.
-* **One compile per machine.** A process compiles (or loads from the cache) a kernel
-  only while it holds an exclusive ``flock`` on a file in numba's cache directory. A
-  process that needs kernels while another compiles them waits, then loads what the
-  other wrote, instead of compiling the same code at the same time on the same cores.
-  The lock is re-entrant within a process (compiling a kernel compiles its callees)
-  and released by the kernel when its holder dies.
-* **The wait is bounded.** A holder that is stopped (Ctrl-Z, a debugger) or stuck does
-  not hold others back for more than ``LOCK_WAIT`` seconds: they then compile on their
-  own, as numba would without the lock. Without a usable lock file (a read-only cache
-  directory, a file of another user) processes compile on their own at once.
+* **One compile per machine.** A process compiles a kernel only while it holds an
+  exclusive ``flock`` on a file in numba's cache directory. A process that needs a
+  kernel while another compiles waits, then loads what the other wrote, instead of
+  compiling the same code at the same time on the same cores. Loading a kernel that
+  the cache holds takes no lock, so a warm process never waits for anyone. The lock is
+  re-entrant within a process (compiling a kernel compiles its callees) and released
+  by the kernel when its holder dies.
+* **The wait is bounded by progress.** A waiter keeps waiting while the holder adds
+  compiled kernels to the cache; once nothing new has appeared there for ``STALL``
+  seconds (the holder was stopped with Ctrl-Z or a debugger, or is stuck) it compiles
+  on its own, as numba would without the lock. Without a usable lock file (a read-only
+  cache directory, a symlink, a file of another user) a process compiles at once.
 """
 
 import contextlib
@@ -37,7 +39,7 @@ import numba
 from numba.core import types
 
 LOCK_NAME = "shmreplay-compile.lock"
-LOCK_WAIT = 120.0   # seconds a process waits for another one's compile before its own
+STALL = 30.0        # seconds without a new cache file after which a waiter stops waiting
 _TELL_AFTER = 1.0   # seconds of waiting before saying why
 _POLL = 0.02
 
@@ -58,8 +60,10 @@ def jit(function, inline: bool):
     # version (from Python, or while typing a calling kernel), ``get_call_template``
     # when it types a call from another kernel.
     def compile_locked(signature):
+        if _loadable(dispatcher, signature):  # no lock to load: a stopped compiler
+            return compile_(signature)        # never holds back a warm process
         with machine_lock():
-            return compile_(signature)
+            return compile_(signature)  # (loads what another process compiled meanwhile)
 
     def plain_call_template(args, kws):
         return call_template(tuple(types.unliteral(a) for a in args),
@@ -140,6 +144,18 @@ def uncached():
     return missing
 
 
+def _loadable(dispatcher, signature) -> bool:
+    """Whether ``signature`` is loaded in this process or in the cache for this machine."""
+    if tuple(signature) in dispatcher.overloads:
+        return True
+    try:
+        cache = dispatcher._cache
+        key = cache._index_key(signature, dispatcher.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # numba's internals changed: take the lock, as for a compile
+        return False
+
+
 # --- the machine lock -------------------------------------------------------------------
 
 _mutex = threading.RLock()   # one compiling thread per process, as numba has anyway
@@ -185,7 +201,8 @@ def _acquire(directory: str):
     except OSError:
         return None
     try:
-        start = time.monotonic()
+        start = progress_at = time.monotonic()
+        progress = _modified(directory)
         told = False
         while True:
             try:
@@ -195,12 +212,16 @@ def _acquire(directory: str):
             else:
                 _write_holder(fd)
                 return fd
-            waited = time.monotonic() - start
-            if waited >= LOCK_WAIT:
-                _log.warning("shmreplay: %s held the kernel compile lock for %.0f s; "
-                             "compiling without it", _holder(fd), waited)
+            now = time.monotonic()
+            if _modified(directory) != progress:  # the holder wrote a compiled kernel
+                progress, progress_at = _modified(directory), now
+            if now - progress_at >= STALL:
+                _log.warning("shmreplay: %s holds the kernel compile lock but has cached "
+                             "nothing for %.0f s (stopped?); compiling without it",
+                             _holder(fd), now - progress_at)
                 os.close(fd)
                 return None
+            waited = now - start
             if not told and waited >= _TELL_AFTER:
                 _log.warning("shmreplay: waiting for %s, which is compiling kernels "
                              "(first run only)", _holder(fd))
@@ -209,6 +230,13 @@ def _acquire(directory: str):
     except BaseException:
         os.close(fd)
         raise
+
+
+def _modified(directory):
+    try:
+        return os.stat(directory).st_mtime_ns  # changes as numba adds files
+    except OSError:
+        return None
 
 
 def _write_holder(fd):

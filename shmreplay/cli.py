@@ -1,4 +1,5 @@
-"""The operator's command line: ``shmreplay ls | info | top | verify | checkpoint | rm | gc``.
+"""The operator's command line: ``shmreplay ls | info | top | verify | checkpoint | rm | gc
+| compile``.
 
 Buffers are found by listing ``/dev/shm`` for header segments ``shmreplay.NAME``. A
 buffer whose owner process is gone (it was SIGKILLed, so it could not clean up) is
@@ -266,6 +267,15 @@ def cmd_gc(args, out):
     return 0
 
 
+def cmd_compile(args, out):
+    from shmreplay import _warmup
+    report = _warmup.warm_up()
+    done = (f"compiled {report.compiled} of {report.kernels} kernels"
+            if report.compiled else f"all {report.kernels} kernels were already compiled")
+    print(f"{done} ({report.seconds:.1f} s); cached in {report.cache_directory}", file=out)
+    return 0
+
+
 def _remove(seen, entries):
     """Unlinks ``entries``, unless the header segment is no longer the one ``seen`` read
     (the name went to a new buffer meanwhile)."""
@@ -331,6 +341,12 @@ def main(argv=None, out=None):
     rm.set_defaults(run=cmd_rm)
     commands.add_parser("gc", help="remove buffers whose owner is dead (never one whose owner "
                                    "cannot be judged)").set_defaults(run=cmd_gc)
+    commands.add_parser(
+        "compile", help="compile the kernels now (the first Server would), e.g. in an image build",
+        description="Fill numba's cache with every kernel of this shmreplay for this CPU, "
+                    "as the first Server created on a machine does; a no-op when the cache "
+                    "already holds them. Safe to run while other processes use shmreplay."
+    ).set_defaults(run=cmd_compile)
     args = parser.parse_args(argv)
     try:
         return args.run(args, out)

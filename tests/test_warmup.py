@@ -10,6 +10,7 @@ compiles nothing. The other tests use the session's warm cache.
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,15 +100,24 @@ def _finish(proc, timeout=900):
 @pytest.mark.slow
 def test_a_cold_machine_compiles_once_and_then_no_process_compiles():
     with tempfile.TemporaryDirectory(prefix="shmreplay-test-numba-") as cache:
-        procs = [_python(_CREATE_SERVER, cache, _names.unique("cold")) for _ in range(3)]
+        # Two owners and `shmreplay compile` start at once on an empty cache.
+        procs = [_python(_CREATE_SERVER, cache, _names.unique("cold")) for _ in range(2)]
+        cli = subprocess.Popen([sys.executable, "-m", "shmreplay.cli", "compile"],
+                               env=dict(os.environ, NUMBA_CACHE_DIR=cache), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         results = [_finish(proc) for proc in procs]
+        out, err = cli.communicate(timeout=900)
+        assert cli.returncode == 0, out + err
+        results.append((re.match(r"compiled (\d+) of \1 kernels", out) is not None, err))
         compiling = [(compiled, err) for compiled, err in results if compiled]
         # Exactly one process compiled; it said so, with an estimate.
-        assert len(compiling) == 1, [c for c, _ in results]
+        assert len(compiling) == 1, results
         assert "compiling kernels, first run only: ~" in compiling[0][1]
         for compiled, err in results:
             if not compiled:  # it waited for the compiling one (and may have said so)
                 assert "first run only: ~" not in err, err
+        if not results[-1][0]:
+            assert re.match(r"all \d+ kernels were already compiled", out), out
         # The warm-up reached every kernel that Python calls.
         probe = ("import json; from shmreplay._kernels import _jit; "
                  "print(json.dumps([d.py_func.__name__ for d in _jit.uncached()]))")

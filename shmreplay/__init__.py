@@ -11,20 +11,17 @@ user, insert and sample at memory speed::
         max_size=100_000, rate_limiter=rate_limiters.MinSize(1_000))], name="my-buffer")
     client = shmreplay.Client("my-buffer")        # from any process
 
-Importing this package loads no TensorFlow or JAX and compiles nothing (kernels compile
-on first use and are cached on disk). The TensorFlow and JAX adapters are the modules
-``shmreplay.tf`` and ``shmreplay.jax``, imported only when asked for.
+Importing this package loads no TensorFlow, JAX or numba and compiles nothing. The
+first ``Server`` created after an install compiles the numba kernels, once for the
+machine (``warm_up``; numba caches them on disk). The TensorFlow and JAX adapters are
+the modules ``shmreplay.tf`` and ``shmreplay.jax``, imported only when asked for.
 """
 
-from shmreplay import checkpointers, errors, rate_limiters, selectors
-from shmreplay.client import Client
+from shmreplay import errors, rate_limiters, selectors
 from shmreplay.errors import DeadlineExceededError, ShmReplayError
 from shmreplay.replay_sample import ReplaySample, SampleInfo, TableInfo
-from shmreplay.server import Server
 from shmreplay.specs import TensorSpec
 from shmreplay.table import Table
-from shmreplay.trajectory_writer import TrajectoryColumn, TrajectoryWriter
-from shmreplay.writer import Writer
 
 __version__ = "0.1.0"
 
@@ -32,19 +29,42 @@ __version__ = "0.1.0"
 # after ``import shmreplay as reverb``.
 ReverbError = ShmReplayError
 
-# Reverb's datasets, at the top level as in Reverb; they need TensorFlow, so they are
-# imported from ``shmreplay.tf`` on first use, not with this package.
-_FROM_TF = ("TimestepDataset", "TrajectoryDataset")
+# Names whose modules load numba (or TensorFlow) are imported on first use, so that
+# ``import shmreplay`` and the ``shmreplay`` command start fast; ``from shmreplay import
+# Client`` works as usual. Reverb's datasets live at the top level, as in Reverb.
+_LAZY = {
+    "Client": "shmreplay.client",
+    "Server": "shmreplay.server",
+    "TrajectoryColumn": "shmreplay.trajectory_writer",
+    "TrajectoryWriter": "shmreplay.trajectory_writer",
+    "Writer": "shmreplay.writer",
+    "checkpointers": None,
+    "warm_up": "shmreplay._warmup",
+    "TimestepDataset": "shmreplay.tf",
+    "TrajectoryDataset": "shmreplay.tf",
+}
 
 
 def __getattr__(name):
-    if name in _FROM_TF:
-        from shmreplay import tf
-        return getattr(tf, name)
-    raise AttributeError(f"module 'shmreplay' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'shmreplay' has no attribute {name!r}")
+    import importlib
+    module = _LAZY[name]
+    if module is None:  # a submodule
+        return importlib.import_module(f"shmreplay.{name}")
+    value = getattr(importlib.import_module(module), name)
+    if not module.endswith(".tf"):  # TF's stay lazy: shmreplay.tf may fail to import
+        globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Client", "DeadlineExceededError", "ReplaySample", "ReverbError", "SampleInfo", "Server",
     "ShmReplayError", "Table", "TableInfo", "TensorSpec", "TrajectoryColumn",
     "TrajectoryWriter", "Writer", "checkpointers", "errors", "rate_limiters", "selectors",
+    "warm_up",
 ]

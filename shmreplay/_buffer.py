@@ -159,8 +159,9 @@ def attach(name: str, wait_active: float = 2.0, trust_group: bool = False) -> Bu
             raise errors.BufferBrokenError(f"Buffer '{name}' was stopped by its owner.")
         if state == L.STATE_CREATING:
             raise errors.LayoutMismatchError(
-                f"Buffer '{name}' is still being created after {wait_active:g} s (its Server "
-                "may be restoring a large checkpoint): attach again once the Server exists.")
+                f"Buffer '{name}' is still being created after {errors.seconds(wait_active)} "
+                "(its Server may be restoring a large checkpoint): attach again once the "
+                "Server exists.")
         if state != L.STATE_ACTIVE:
             raise errors.LayoutMismatchError(f"Buffer '{name}' has an invalid state {state}.")
         total = int(header["total_bytes"][0])

@@ -501,7 +501,8 @@ class TableEngine:
                         continue
                 raise errors.DeadlineExceededError(
                     f"Table '{self.name}': the rate limiter did not allow the "
-                    f"{'insert' if inserting else 'sample'} within the timeout of {timeout} s.")
+                    f"{'insert' if inserting else 'sample'} within the timeout of "
+                    f"{errors.seconds(timeout)}.")
             kernels.wait(self.ctrl, seq_word, io[0], int(remaining * 1e9), timespec)
             if inserting and time.monotonic() >= next_reclaim:
                 self.reclaim_dead_writers()
@@ -668,7 +669,7 @@ class TableEngine:
             if deadline is not None and now >= deadline:
                 raise errors.DeadlineExceededError(
                     f"Table '{self.name}': the rate limiter did not allow {count} inserts "
-                    f"within the timeout of {timeout} s.")
+                    f"within the timeout of {errors.seconds(timeout)}.")
             if now >= next_reclaim:
                 self.reclaim_dead_writers()
                 next_reclaim = now + _RECLAIM_EVERY
@@ -751,18 +752,31 @@ class TableEngine:
                         return outputs.result(batch_size)
                     if status != codes.UNFINISHED:
                         self._raise_status(status)
-                    return self._finish_into(outputs, batch_size, timeout)
+                    return self._sample_waiting(batch_size, timeout, outputs)
                 finally:
                     results.release(outputs)
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        if self.columns is None and not self.has_columns():
-            # Nothing was ever inserted: wait for the first item, then map its columns.
-            self._blocking(kernels.wait_for_items, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout,
-                           False, lambda was_waiting, register: (was_waiting, register))
-            self.has_columns()
-            return self.sample(batch_size, None if deadline is None
-                               else deadline - time.monotonic())
-        return self._sample_new(batch_size, deadline)
+        return self._sample_waiting(batch_size, timeout)
+
+    def _sample_waiting(self, batch_size: int, timeout, outputs=None):
+        """The paths of ``sample`` that may wait. The waits inside see only what is
+        left of ``timeout``; a timeout names the caller's."""
+        try:
+            if outputs is not None:
+                return self._finish_into(outputs, batch_size, timeout)
+            deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+            if self.columns is None and not self.has_columns():
+                # Nothing was ever inserted: wait for the first item, then map its columns.
+                self._blocking(kernels.wait_for_items, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ,
+                               timeout, False,
+                               lambda was_waiting, register: (was_waiting, register))
+                self.has_columns()
+                return self.sample(batch_size, None if deadline is None
+                                   else deadline - time.monotonic())
+            return self._sample_new(batch_size, deadline)
+        except errors.DeadlineExceededError:
+            raise errors.DeadlineExceededError(
+                f"Table '{self.name}': the rate limiter did not allow the sample within the "
+                f"timeout of {errors.seconds(timeout)}.") from None
 
     def _finish_into(self, outputs, batch_size, timeout):
         """``sample_gather`` was blocked, stopped early, deleted what it drew, or found

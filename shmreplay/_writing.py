@@ -17,7 +17,7 @@ from typing import List, Optional
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _storage, errors, specs
+from shmreplay import _inputs, _storage, errors, specs
 from shmreplay._kernels import table as kernels
 from shmreplay._table import _PID
 
@@ -244,9 +244,10 @@ def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str],
     if layout is not None:
         expected_treedef, expected_specs, _ = layout
         if not specs.same_structure(treedef, expected_treedef):
+            problems, _ = specs.structure_mismatch(treedef, expected_treedef, expected_specs)
             raise errors.SchemaError(
-                f"Table '{table}': the item's structure {treedef} does not match the "
-                f"table's {expected_treedef}.")
+                f"Table '{table}': the item does not match the structure of the table's "
+                f"items: {'; '.join(problems)}.")
         by_signature = per_step and not engine.has_columns()
         for spec, want, path, column in zip(got, expected_specs, paths, columns):
             if spec.shape != want.shape or spec.dtype != want.dtype:
@@ -478,8 +479,7 @@ def check_priority(engine, priority) -> float:
     """The priority as a float, or InvalidPriorityError (NaN, negative, too large)."""
     if type(priority) is float and 0.0 <= priority <= engine.max_priority:
         return priority
-    from shmreplay.client import _check_priorities
-    return float(_check_priorities(engine, priority, 1)[0])
+    return float(_inputs.check_priorities(engine, priority, 1)[0])
 
 
 def _insert_whole(engine, columns, priority, timeout):

@@ -1,8 +1,14 @@
-"""The operator's command line: ``shmreplay ls | info | top | verify | checkpoint | rm | gc``.
+"""The operator's command line: ``shmreplay ls | info | top | verify | checkpoint | rm | gc
+| compile``.
 
 Buffers are found by listing ``/dev/shm`` for header segments ``shmreplay.NAME``. A
 buffer whose owner process is gone (it was SIGKILLed, so it could not clean up) is
 reported as ``dead`` and removed by ``gc``.
+
+``ls``, ``rm``, ``gc`` and ``--help`` read headers and control blocks as numbers
+(``shmreplay._peek``): they attach to no table and load no kernel, so they start fast
+and a segment that is not ours cannot run code in them. The other commands attach
+with a ``Client``, imported where they need it.
 """
 
 import argparse
@@ -10,82 +16,33 @@ import os
 import sys
 import time
 
-from shmreplay import _buffer, _layout, _segment, errors
-from shmreplay._procs import pid_alive
-
-SHM_DIR = "/dev/shm"
-
-
-def _buffer_names():
-    """Names of the buffers whose header segment is in /dev/shm."""
-    names = []
-    for entry in sorted(os.listdir(SHM_DIR)):
-        if not entry.startswith(_layout.SEGMENT_PREFIX):
-            continue
-        name = entry[len(_layout.SEGMENT_PREFIX):]
-        if ".t" in name and name.rsplit(".t", 1)[1].isdigit():
-            continue  # a data segment
-        names.append(name)
-    return names
-
-
-def _segments_of(name):
-    prefix = _layout.SEGMENT_PREFIX + name
-    return [entry for entry in os.listdir(SHM_DIR)
-            if entry == prefix or (entry.startswith(prefix + ".t")
-                                   and entry[len(prefix) + 2:].isdigit())]
-
-
-def _owner(name):
-    """(pid, alive) of a buffer's owner, read from its header; (None, False) if unreadable."""
-    try:
-        with open(os.path.join(SHM_DIR, _layout.SEGMENT_PREFIX + name), "rb") as segment:
-            raw = segment.read(_layout.HEADER.itemsize)
-    except OSError:
-        return None, False
-    import numpy as np
-    if len(raw) < _layout.HEADER.itemsize:
-        return None, False
-    header = np.frombuffer(raw, _layout.HEADER, 1)[0]
-    if header["magic"] != _layout.MAGIC:
-        return None, False
-    pid, start = int(header["owner_pid"]), int(header["owner_start"])
-    alive = pid_alive(pid, start)
-    return pid, alive
-
-
-def _bytes_in_use(name):
-    return sum(_segment.resident_bytes("/" + entry) for entry in _segments_of(name))
+from shmreplay import _layout, _peek, errors
 
 
 def cmd_ls(args, out):
-    names = _buffer_names()
-    if not names:
+    found = _peek.segments()
+    if not found:
         print("no shmreplay buffers", file=out)
         return 0
-    print(f"{'NAME':40s} {'OWNER':>8s} {'STATE':6s} {'TABLES':>6s} {'ITEMS':>10s} {'MEMORY':>10s}",
-          file=out)
-    for name in names:
-        pid, alive = _owner(name)
-        tables, items = "?", "?"
-        try:
-            client_buffer = _buffer.attach(name, wait_active=0.0)
-            try:
-                tables = str(len(client_buffer.engines))
-                items = str(sum(int(e.ctrl[_layout.C_SIZE]) for e in client_buffer.engines))
-            finally:
-                client_buffer.close()
-        except (errors.ShmReplayError, OSError, ValueError):
-            pass  # being created or removed right now, or not ours: list what we know
-        state = "alive" if alive else "dead"
-        print(f"{name:40s} {pid if pid else '?':>8} {state:6s} {tables:>6s} {items:>10s} "
-              f"{_bytes_in_use(name) / 2**20:9.1f}M", file=out)
+    width = max([40] + [len(name) for name in found])
+    print(f"{'NAME':{width}s} {'OWNER':>8s} {'STATE':8s} {'TABLES':>6s} {'ITEMS':>10s} "
+          f"{'MEMORY':>10s}", file=out)
+    for name, entries in found.items():
+        seen = _peek.peek(name)
+        print(f"{name:{width}s} {_or_unknown(seen.pid):>8s} {seen.status:8s} "
+              f"{_or_unknown(seen.tables):>6s} {_or_unknown(seen.items):>10s} "
+              f"{_peek.format_bytes(_peek.memory(entries)):>10s}", file=out)
     return 0
+
+
+def _or_unknown(value) -> str:
+    return "?" if value is None else str(value)
 
 
 def cmd_info(args, out):
     from shmreplay.client import Client
     with Client(args.name, trust_group=args.trust_group) as client:
+        print(_info_owner(client, args.name), file=out)
         for table, info in client.server_info().items():
             limiter = info.rate_limiter_info
             print(f"table {table}: {info.current_size}/{info.max_size} items, "
@@ -100,7 +57,8 @@ def cmd_info(args, out):
             if engine.storage is not None:
                 kind = "steps shared by items" if engine.storage.steps else "whole items"
                 print(f"  storage: {kind}; {info.num_stored_steps} stored, "
-                      f"{info.storage_bytes / 2**20:.1f} MiB in memory", file=out)
+                      f"{_peek.format_bytes(info.storage_bytes)} in memory (its data "
+                      "segment)", file=out)
             print(f"  can insert now: {engine.can_insert(1)}; can sample now: "
                   f"{engine.can_sample(1)}", file=out)
             insert_reason, sample_reason = engine.blocked()
@@ -108,6 +66,21 @@ def cmd_info(args, out):
                 if reason is not None:
                     print(f"  next {call} {reason}", file=out)
     return 0
+
+
+def _info_owner(client, name) -> str:
+    """The first line of ``info``: the owner, and what a dead one means."""
+    from shmreplay._procs import pid_alive
+    header = client._buffer.header
+    pid, start = int(header["owner_pid"][0]), int(header["owner_start"][0])
+    del header  # no view may outlive the mapping when the client closes
+    memory = _peek.format_bytes(_peek.memory(_peek.segments_of(name)))
+    memory = f"{memory} in memory (all its segments, as ls and top count it)"
+    if pid_alive(pid, start):
+        return f"buffer {name}: owner {pid} alive; {memory}"
+    return (f"buffer {name}: owner {pid} is DEAD: it was killed before it could remove "
+            "the buffer. The tables below are as it left them; `shmreplay gc` removes the "
+            f"buffer. {memory[0].upper()}{memory[1:]}.")
 
 
 def cmd_verify(args, out):
@@ -129,10 +102,10 @@ def _top_gone(client, name, inode):
     if stopped:
         return f"buffer '{name}' was stopped by its owner"
     try:
-        if os.stat(os.path.join(SHM_DIR, _layout.SEGMENT_PREFIX + name)).st_ino != inode:
+        if os.lstat(_peek.header_path(name)).st_ino != inode:
             return f"buffer '{name}' was removed and another one of that name created"
     except FileNotFoundError:
-        return f"buffer '{name}' was removed (its segments are gone from {SHM_DIR})"
+        return f"buffer '{name}' was removed (its segments are gone from {_peek.SHM_DIR})"
     return None
 
 
@@ -162,11 +135,11 @@ def _top_limiter(allowed, waiters, info, inserting):
 
 
 def _top_frame(name, before, after, elapsed, interval):
-    pid, alive = _owner(name)
-    owner = f"owner {pid if pid else '?'} {'alive' if alive else 'DEAD (see shmreplay gc)'}"
-    memory = _bytes_in_use(name)
-    memory = f"{memory / 2**20:.1f} MiB" if memory >= 2**20 else f"{memory / 2**10:.0f} KiB"
-    lines = [f"shmreplay top: {name}  {owner}  shared memory {memory}  "
+    seen = _peek.peek(name, tables=False)
+    owner = f"owner {_or_unknown(seen.pid)} " + (
+        "DEAD (see shmreplay gc)" if seen.alive is False else seen.status)
+    memory = _peek.format_bytes(_peek.memory(_peek.segments_of(name)))
+    lines = [f"shmreplay top: {name}  {owner}  memory {memory}  "
              f"{time.strftime('%H:%M:%S')}  every {interval:g} s (Ctrl-C quits)"]
     width = max([5] + [len(table) for table in after])
     sizes = {table: f"{v[0].current_size}/{v[0].max_size}" for table, v in after.items()}
@@ -210,7 +183,7 @@ def cmd_top(args, out):
         from shmreplay.client import Client
         try:
             client = Client(args.name, trust_group=args.trust_group)
-            inode = os.stat(os.path.join(SHM_DIR, _layout.SEGMENT_PREFIX + args.name)).st_ino
+            inode = os.lstat(_peek.header_path(args.name)).st_ino
         except (errors.BufferNotFoundError, FileNotFoundError):
             print(f"shmreplay top: no buffer named '{args.name}' on this machine "
                   "(shmreplay ls lists them)", file=sys.stderr)
@@ -257,41 +230,71 @@ def cmd_checkpoint(args, out):
 def cmd_rm(args, out):
     status = 0
     for name in args.names:
-        pid, alive = _owner(name)
-        if alive and not args.force:
-            print(f"{name}: owner {pid} is alive; stop it there, or use --force", file=out)
+        seen = _peek.peek(name, tables=False)
+        entries = _peek.segments_of(name)
+        if not entries:
+            print(f"{name}: not found", file=out)
             status = 1
             continue
-        removed = _remove(name)
-        print(f"{name}: removed {removed} segment(s)" if removed else f"{name}: not found",
-              file=out)
+        if not args.force and seen.alive:
+            print(f"{name}: owner {seen.pid} is alive; stop it there, or use --force", file=out)
+            status = 1
+            continue
+        if not args.force and seen.exists and seen.alive is None:
+            print(f"{name}: not removed: {_peek.SHM_DIR}/{_layout.SEGMENT_PREFIX}{name}: "
+                  f"{seen.problem}; --force removes it anyway", file=out)
+            status = 1
+            continue
+        removed = _remove(seen, entries)
+        print(f"{name}: removed {removed} segment(s)", file=out)
         status |= not removed
     return status
 
 
 def cmd_gc(args, out):
     removed = 0
-    for name in _buffer_names():
-        pid, alive = _owner(name)
-        if not alive:
+    for name, entries in _peek.segments().items():
+        seen = _peek.peek(name, tables=False)
+        if seen.alive is False:
             removed += 1
-            print(f"{name}: owner {pid} is gone; removed {_remove(name)} segment(s)", file=out)
+            print(f"{name}: owner {seen.pid} is gone; removed {_remove(seen, entries)} "
+                  "segment(s)", file=out)
+        elif seen.alive is None:  # nothing says it is dead: never removed on a guess
+            print(f"{name}: left alone: {seen.problem} (if it stays, `shmreplay rm --force "
+                  f"{name}` removes it)", file=out)
     if not removed:
         print("nothing to remove", file=out)
     return 0
 
 
-def _remove(name):
-    count = 0
-    for entry in _segments_of(name):
+def cmd_compile(args, out):
+    from shmreplay import _warmup
+    report = _warmup.warm_up()
+    done = (f"compiled {report.compiled} of {report.kernels} kernels"
+            if report.compiled else f"all {report.kernels} kernels were already compiled")
+    print(f"{done} ({report.seconds:.1f} s); cached in {report.cache_directory}", file=out)
+    return 0
+
+
+def _remove(seen, entries):
+    """Unlinks ``entries``, unless the header segment is no longer the one ``seen`` read
+    (the name went to a new buffer meanwhile)."""
+    if seen.inode is not None:
         try:
-            os.unlink(os.path.join(SHM_DIR, entry))
+            if os.lstat(os.path.join(_peek.SHM_DIR, entries[0])).st_ino != seen.inode:
+                return 0
+        except FileNotFoundError:
+            pass
+    count = 0
+    for entry in entries:
+        try:
+            os.unlink(os.path.join(_peek.SHM_DIR, entry))
             count += 1
         except FileNotFoundError:
             pass
         except PermissionError:
             # /dev/shm is sticky: a segment a group member created is theirs to remove.
-            print(f"shmreplay: cannot remove {SHM_DIR}/{entry}: it belongs to another "
+            print(f"shmreplay: cannot remove {_peek.SHM_DIR}/{entry}: it belongs to another "
                   "user", file=sys.stderr)
     return count
 
@@ -303,7 +306,13 @@ def main(argv=None, out=None):
                         help="also attach to a buffer that another user of your group "
                              "shared with it (Server(share_with_group=True))")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("ls", help="list buffers on this machine").set_defaults(run=cmd_ls)
+    commands.add_parser(
+        "ls", help="list buffers on this machine",
+        description="List the buffers in /dev/shm: owner pid; STATE alive, dead (gc "
+                    "removes it), creating, stopped, or ? (not a buffer this shmreplay can "
+                    "read); tables; items now; MEMORY, what the buffer's segments occupy "
+                    "now (pages written so far, not the size reserved), the figure top "
+                    "and info show too.").set_defaults(run=cmd_ls)
     info = commands.add_parser("info", help="tables, sizes, counters and rate-limiter state")
     info.add_argument("name")
     info.set_defaults(run=cmd_info)
@@ -326,9 +335,18 @@ def main(argv=None, out=None):
     checkpoint.set_defaults(run=cmd_checkpoint)
     rm = commands.add_parser("rm", help="remove buffers by name")
     rm.add_argument("names", nargs="+")
-    rm.add_argument("--force", action="store_true", help="even if the owner is alive")
+    rm.add_argument("--force", action="store_true",
+                    help="even if the owner is alive, or the segment is not a buffer this "
+                         "shmreplay can read")
     rm.set_defaults(run=cmd_rm)
-    commands.add_parser("gc", help="remove buffers whose owner is dead").set_defaults(run=cmd_gc)
+    commands.add_parser("gc", help="remove buffers whose owner is dead (never one whose owner "
+                                   "cannot be judged)").set_defaults(run=cmd_gc)
+    commands.add_parser(
+        "compile", help="compile the kernels now (the first Server would), e.g. in an image build",
+        description="Fill numba's cache with every kernel of this shmreplay for this CPU, "
+                    "as the first Server created on a machine does; a no-op when the cache "
+                    "already holds them. Safe to run while other processes use shmreplay."
+    ).set_defaults(run=cmd_compile)
     args = parser.parse_args(argv)
     try:
         return args.run(args, out)

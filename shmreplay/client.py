@@ -5,18 +5,18 @@ results. No offsets, no locks, no numba here.
 """
 
 import os
+import re
 import time
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from shmreplay import _buffer, errors, specs
+from shmreplay import _buffer, _inputs, errors, specs
 from shmreplay._kernels import table as kernels
 from shmreplay._table import TableEngine
 from shmreplay.replay_sample import ReplaySample, SampleInfo
 from shmreplay.table import validate_name
 
-_PY_SCALARS = (bool, int, float)
 _UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
 
 
@@ -32,6 +32,8 @@ class Client:
         trust every member of the group. Buffers of your own user never need it.
 
     Raises:
+      InvalidNameError: if ``server_address`` is not a buffer name; a Reverb address
+        such as ``"localhost:8000"`` is told how names replace addresses.
       BufferNotFoundError: if no buffer of that name exists.
       LayoutMismatchError: if the name belongs to something that is not a compatible
         shmreplay buffer, or to another user's buffer that is not group-shared or that
@@ -42,9 +44,12 @@ class Client:
     """
 
     def __init__(self, server_address: str, trust_group: bool = False):
-        self._name = validate_name(server_address, "Buffer", _buffer.MAX_BUFFER_NAME)
+        self._name = _buffer_name(server_address)
         self._trust_group = bool(trust_group)
-        self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
+        try:
+            self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
+        except errors.BufferNotFoundError as exc:
+            raise errors.BufferNotFoundError(_not_found(self._name, exc)) from exc
 
     @property
     def server_address(self) -> str:
@@ -111,9 +116,9 @@ class Client:
             leaves = engine.fast_leaves(data)
             if leaves is not None:
                 if type(priority) is not float:
-                    priority = float(_check_priorities(engine, priority, 1)[0])
+                    priority = float(_inputs.check_priorities(engine, priority, 1)[0])
                 elif not 0.0 <= priority <= engine.max_priority:  # also rejects NaN
-                    _check_priorities(engine, priority, 1)
+                    _inputs.check_priorities(engine, priority, 1)
                 return {table: engine.insert_one(leaves, priority, timeout)}
         return self._insert(data, priorities, timeout, batched=False)
 
@@ -147,11 +152,11 @@ class Client:
                       and priority.shape == (count,)):
                     prios = priority
                 else:
-                    prios = _check_priorities(engine, priority, count)
+                    prios = _inputs.check_priorities(engine, priority, count)
                 keys = engine.insert_many(leaves, prios, count, timeout)  # checks prios
                 if keys is not None:
                     return {table: keys}
-                _check_priorities(engine, prios, count)  # refused: say which, and why
+                _inputs.check_priorities(engine, prios, count)  # refused: say which, and why
         return self._insert(data, priorities, timeout, batched=True)
 
     def _insert(self, data, priorities, timeout, batched):
@@ -159,20 +164,20 @@ class Client:
             raise errors.InvalidPriorityError(
                 f"priorities must be a non-empty dict {{table_name: priority}}, got {priorities!r}.")
         leaves, treedef = specs.flatten(data)
-        count = _batch_size(leaves, treedef) if batched else 1
+        count = _inputs.batch_size(leaves, treedef) if batched else 1
         # Validate everything before changing anything (columns included).
         plans = []
         for table, priority in priorities.items():
             engine = self._engine(table)
-            prios = _check_priorities(engine, priority, count)
-            arrays, proposal = _prepare_leaves(engine, leaves, treedef, batched)
-            _check_batch_fits(engine, count)
+            prios = _inputs.check_priorities(engine, priority, count)
+            arrays, proposal = _inputs.prepare_leaves(engine, leaves, treedef, batched)
+            _inputs.check_batch_fits(engine, count)
             plans.append([engine, arrays, prios, proposal])
         for plan in plans:
             engine, _, _, proposal = plan
             if proposal is not None:  # a table's first item fixes its storage
                 engine.define_storage(proposal)
-                plan[1], _ = _prepare_leaves(engine, leaves, treedef, batched)
+                plan[1], _ = _inputs.prepare_leaves(engine, leaves, treedef, batched)
         reserved = _reserve_in_every_table([plan[0] for plan in plans], count, timeout)
         try:
             for (engine, arrays, _, _), (slots, rows) in zip(plans, reserved):
@@ -278,7 +283,7 @@ class Client:
         for _ in range(int(num_samples)):
             engine = self._engine(table)
             batch = engine.sample(1, timeout)
-            info = SampleInfo(*(_scalar(field[0]) for field in batch.info))
+            info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
             steps = engine.storage.steps
             if not emit_timesteps:
                 # Whole items keep the batch dimension as their time dimension of 1.
@@ -308,7 +313,7 @@ class Client:
         engine = self._engine(table)
         updates = updates or {}
         keys = np.fromiter(updates.keys(), np.uint64, len(updates))
-        prios = _check_priorities(engine, np.fromiter(updates.values(), np.float64, len(updates)),
+        prios = _inputs.check_priorities(engine, np.fromiter(updates.values(), np.float64, len(updates)),
                                   len(updates))
         delete_keys = np.asarray(list(deletes or ()), np.uint64).reshape(-1)
         engine.mutate(delete_keys.view(np.int64), keys.view(np.int64), prios)
@@ -331,7 +336,7 @@ class Client:
             if updated >= 0:
                 return updated
             # A priority the kernel refused (nothing changed): say which, and why.
-            _check_priorities(engine, priorities, keys.size)
+            _inputs.check_priorities(engine, priorities, keys.size)
         if type(keys) is not np.ndarray or keys.dtype != np.uint64 or keys.ndim != 1:
             keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
         if (type(priorities) is np.ndarray and priorities.dtype == np.float64
@@ -339,9 +344,9 @@ class Client:
             prios = priorities  # validated by the kernel call below
             bad = kernels.first_invalid_priority(prios, engine.max_priority)
             if bad >= 0:
-                _check_priorities(engine, prios, keys.size)
+                _inputs.check_priorities(engine, prios, keys.size)
         else:
-            prios = _check_priorities(engine, priorities, keys.size)
+            prios = _inputs.check_priorities(engine, priorities, keys.size)
         return engine.update(keys.view(np.int64), prios)
 
     def reset(self, table: str):
@@ -413,6 +418,37 @@ class Client:
         return {engine.name: engine.info() for engine in self._buffer.engines}
 
 
+# --- addresses ---------------------------------------------------------------------------
+
+# What a name that is really a host (Reverb's "localhost:8000" without the port) looks like.
+_HOST = re.compile(r"localhost|\d{1,3}(\.\d{1,3}){3}")
+
+
+def _buffer_name(address) -> str:
+    """``address`` if it is a valid buffer name; a Reverb-style address is told how
+    names replace addresses (no valid name contains ':', so none is refused here)."""
+    try:
+        return validate_name(address, "Buffer", _buffer.MAX_BUFFER_NAME)
+    except errors.InvalidNameError:
+        if not (isinstance(address, str) and ":" in address):
+            raise
+    raise errors.InvalidNameError(
+        f"Client({address!r}): shmreplay attaches to a buffer by its name, not by a "
+        "host:port address (there is no server socket). Pass the name the Server was "
+        "created with: Server(tables, name='my-replay') and Client('my-replay'), or "
+        "Client(server.name) where Reverb has Client(f'localhost:{server.port}'). "
+        "`shmreplay ls` lists the buffers on this machine.") from None
+
+
+def _not_found(name: str, exc) -> str:
+    hint = ("`shmreplay ls` lists the buffers on this machine; Server(tables, name=...) "
+            "creates one")
+    if _HOST.fullmatch(name):
+        hint = (f"{name!r} looks like a host: shmreplay buffers are named (Server(tables, "
+                f"name=...), server.name), not addressed. {hint[0].upper()}{hint[1:]}")
+    return f"{exc} {hint}."
+
+
 # --- input conversion ----------------------------------------------------------------------
 
 
@@ -438,21 +474,6 @@ def _timesteps(storage):
     return lengths.pop()
 
 
-def _scalar(value):
-    return value.item() if hasattr(value, "item") else value
-
-
-def _to_array(leaf, table, path):
-    if type(leaf) is np.ndarray:
-        return leaf
-    try:
-        array = np.asarray(leaf)
-    except Exception as exc:
-        raise errors.SchemaError(
-            f"Table '{table}', column {path}: cannot convert {type(leaf).__name__} to an array.") from exc
-    return array
-
-
 def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
     """``count`` slots in each table (``engine.reserve_items``), all or none.
 
@@ -476,7 +497,7 @@ def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
             except errors.DeadlineExceededError:
                 raise errors.DeadlineExceededError(  # name the caller's timeout, not the rest
                     f"Table '{engines[first].name}': the rate limiter did not allow the "
-                    f"insert within the timeout of {timeout} s.") from None
+                    f"insert within the timeout of {errors.seconds(timeout)}.") from None
             for i, engine in enumerate(engines):
                 if reserved[i] is None:
                     try:
@@ -498,114 +519,3 @@ def _cancel_reserved(engines, reserved):
         if got is not None:
             engine.cancel(got[0])
 
-
-def _batch_size(leaves, treedef) -> int:
-    sizes = []
-    for leaf in leaves:
-        shape = np.shape(leaf)
-        if not shape:
-            raise errors.SchemaError(
-                "insert_batch: every leaf needs a leading batch dimension; got a scalar at "
-                f"{specs.path_strings(treedef)[len(sizes)]}.")
-        sizes.append(shape[0])
-    if not sizes:
-        raise errors.SchemaError("insert_batch: the data has no leaves.")
-    if len(set(sizes)) != 1:
-        detail = ", ".join(f"{p}: {s}" for p, s in zip(specs.path_strings(treedef), sizes))
-        raise errors.SchemaError(f"insert_batch: leaves have different leading sizes ({detail}).")
-    if sizes[0] < 1:
-        raise errors.SchemaError("insert_batch: the batch is empty.")
-    return int(sizes[0])
-
-
-def _check_batch_fits(engine: TableEngine, count: int):
-    if count <= engine.max_batch:
-        return
-    room = engine.capacity - engine.config.max_size
-    if count > room:
-        raise ValueError(
-            f"Table '{engine.name}': a batch of {count} items is larger than the {room} that "
-            "can be written at once; split it.")
-    most = engine.config.rate_limiter.max_batch_insert()
-    if count > most:
-        raise ValueError(
-            f"Table '{engine.name}': its rate limiter can never admit {count} inserts at once "
-            f"(at most {most:g}); split the batch.")
-
-
-def _prepare_leaves(engine: TableEngine, leaves, treedef, batched: bool):
-    """Validates leaves against the table's columns, without side effects.
-
-    Returns ``(arrays, proposal)``: ``proposal`` is None, or, for a table whose storage
-    is not defined yet, the storage this item would define.
-    """
-    table = engine.name
-    proposal = None
-    layout = engine.known_layout()
-    if layout is not None:
-        expected_treedef, column_specs, paths = layout
-    else:
-        paths = specs.path_strings(treedef)
-        arrays = [_to_array(leaf, table, path) for leaf, path in zip(leaves, paths)]
-        proposal = engine.propose_whole_items(treedef, arrays, batched)
-        column_specs, expected_treedef = specs.flatten(proposal.signature)
-    if not specs.same_structure(treedef, expected_treedef):
-        raise errors.SchemaError(
-            f"Table '{table}': the data's structure {treedef} does not match the table's "
-            f"{expected_treedef}.")
-    arrays = []
-    for leaf, spec, path in zip(leaves, column_specs, paths):
-        array = _to_array(leaf, table, path)
-        shape = array.shape[1:] if batched else array.shape
-        if shape != spec.shape:
-            raise errors.SchemaError(
-                f"Table '{table}', column {path}: expected shape {spec.shape}"
-                f"{' after the batch dimension' if batched else ''}, got {shape}.")
-        if array.dtype != spec.dtype:
-            array = _cast_python_scalar(leaf, array, spec, table, path)
-        arrays.append(array)
-    if proposal is None and not engine.has_columns():
-        proposal = engine.propose_whole_items(treedef, arrays, batched)
-    return arrays, proposal
-
-
-def _cast_python_scalar(leaf, array, spec, table, path):
-    """Python scalars (``1.0``, ``3``, ``True``) may fill a column that stores them without
-    changing them (``specs.python_scalar_as``: as the writers do)."""
-    dtype = np.dtype(spec.dtype)
-    if isinstance(leaf, _PY_SCALARS):  # (numpy's float64 scalar is a float too)
-        leaf = next(kind(leaf) for kind in _PY_SCALARS if isinstance(leaf, kind))
-        value = specs.python_scalar_as(leaf, dtype)
-        if value is not None:
-            return value
-        raise errors.SchemaError(
-            f"Table '{table}', column {path}: expected dtype {dtype}, got Python "
-            f"{type(leaf).__name__} {leaf!r}: {specs.python_scalar_refusal(leaf, dtype)}.")
-    raise errors.SchemaError(
-        f"Table '{table}', column {path}: expected dtype {spec.dtype}, got {array.dtype}.")
-
-
-def _check_priorities(engine, priority, count) -> np.ndarray:
-    """Returns ``count`` float64 priorities, or raises InvalidPriorityError."""
-    table = engine.name
-    try:
-        prios = np.asarray(priority, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise errors.InvalidPriorityError(
-            f"Table '{table}': priority must be a number, got {priority!r}.") from exc
-    if prios.ndim == 0:
-        prios = np.full(count, prios)
-    elif prios.shape != (count,):
-        raise errors.InvalidPriorityError(
-            f"Table '{table}': expected {count} priorities, got an array of shape {prios.shape}.")
-    bad = kernels.first_invalid_priority(prios, engine.max_priority)
-    if bad >= 0:
-        value = prios[bad]
-        if value > engine.max_priority and np.isfinite(value):
-            raise errors.InvalidPriorityError(
-                f"Table '{table}': priority {value:g} is too large: at most "
-                f"{engine.max_priority:g}, so that the sum-tree total of "
-                "priority ** exponent stays finite.")
-        raise errors.InvalidPriorityError(
-            f"Table '{table}': priorities must be finite and >= 0, got {value}.")
-    return prios

@@ -17,8 +17,14 @@ The contract, in one place:
 * ``BufferBrokenError``: the buffer broke underneath you: its owner stopped and removed
   it, or it is corrupt. The OS error, if any, is the ``__cause__``.
 * ``BufferNotFoundError``: no buffer of that name exists on this machine.
+* ``BufferExistsError`` (also a ``FileExistsError``): ``Server(name=...)`` with a name
+  a buffer already has; the message says whether its owner is alive (and its pid) or
+  dead, and that ``shmreplay gc`` removes a dead owner's buffer.
 * ``LayoutMismatchError``: a segment of that name exists but is not a shmreplay buffer
   of this layout version (wrong magic, version or inconsistent header).
+* ``SchemaError``: the data does not fit a table's columns (structure, shape, dtype);
+  the message names the key path in words. ``MissingValueError`` is the SchemaError of
+  a ``None`` where a column needs a value: also a ``TypeError``, as Reverb raises one.
 * ``CheckpointError``: a checkpoint file cannot be restored (missing, truncated, foreign,
   corrupt, or written by an incompatible format version).
 """
@@ -51,12 +57,20 @@ class BufferNotFoundError(ShmReplayError, FileNotFoundError):
     """No shmreplay buffer with this name exists on this machine."""
 
 
+class BufferExistsError(ShmReplayError, FileExistsError):
+    """A buffer (or a leftover segment) already has the name a new Server asked for."""
+
+
 class LayoutMismatchError(ShmReplayError, ValueError):
     """A segment exists under that name but is not a compatible shmreplay buffer."""
 
 
 class SchemaError(ShmReplayError, ValueError):
     """Data does not match a table's signature (structure, shape or dtype)."""
+
+
+class MissingValueError(SchemaError, TypeError):
+    """A leaf of the data is ``None`` where the table stores (or would store) a column."""
 
 
 class InvalidPriorityError(ShmReplayError, ValueError):
@@ -69,3 +83,16 @@ class InvalidNameError(ShmReplayError, ValueError):
 
 class CheckpointError(ShmReplayError, ValueError):
     """A checkpoint file is missing, truncated, foreign, corrupt or of another format."""
+
+
+def seconds(value, unit: str = "s") -> str:
+    """A duration for a message, as a user would write it: ``0.1 * 3`` is ``'0.3 s'``.
+
+    Six significant digits keep every timeout a person types (``0.25``, ``1e-4``,
+    ``3600``) and drop float noise (``0.30000000000000004``). ``unit="ms"`` for a
+    ``timeout_ms``.
+    """
+    try:
+        return f"{float(value):.6g} {unit}"
+    except (TypeError, ValueError):
+        return f"{value!r} {unit}"

@@ -12,13 +12,15 @@ buffer stays until removed by name.)
 import atexit
 import functools
 import os
+import re
 import signal
 import threading
 import uuid
 import weakref
 from typing import Optional, Sequence
 
-from shmreplay import _buffer, _checkpoint, _restore, checkpointers, errors
+from shmreplay import (_buffer, _checkpoint, _layout, _peek, _restore, _warmup,
+                       checkpointers, errors)
 from shmreplay.table import Table, validate_name
 
 
@@ -55,7 +57,8 @@ class Server:
     Raises:
       ValueError: if ``tables`` is empty, has duplicate names, or a table is already
         served; if ``name`` is invalid.
-      FileExistsError: if a buffer with this name already exists.
+      BufferExistsError: (a ``FileExistsError``) if a buffer with this name already
+        exists; the message says whether its owner is alive (and its pid) or dead.
       CheckpointError: if the checkpoint to restore cannot be read.
       SchemaError: if a table's signature does not match its checkpointed items.
 
@@ -81,15 +84,22 @@ class Server:
         _check_tables(tables)
         if name is None:
             name = f"srv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._name = validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME)
+        self._name = _check_name(validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME))
+        # Before any actor can attach: a cold numba cache is filled here, once per
+        # machine, instead of in every process at its first call.
+        _warmup.warm_up()
         self._tables = list(tables)
         self._owner_pid = os.getpid()
         self._stopped = threading.Event()
         restore = None if restoring is None else functools.partial(
             _restore_tables, restoring, reset_rate_limiter)
         root = None if checkpointer is None else checkpointer.path
-        self._buffer = _buffer.create(self._name, self._tables, checkpoint_root=root,
-                                      restore=restore, mode=0o660 if share_with_group else 0o600)
+        try:
+            self._buffer = _buffer.create(self._name, self._tables, checkpoint_root=root,
+                                          restore=restore,
+                                          mode=0o660 if share_with_group else 0o600)
+        except FileExistsError as exc:
+            raise _name_taken(self._name) from exc
         for table, engine in zip(self._tables, self._buffer.engines):
             table._engine = engine
         _register(self)
@@ -162,6 +172,45 @@ class Server:
     def __repr__(self):
         state = "stopped" if self.stopped else "serving"
         return f"Server(name={self._name!r}, tables={[t.name for t in self._tables]}, {state})"
+
+
+_DATA_SEGMENT_TAIL = re.compile(r"(?P<base>.+)\.t(?P<table>[0-9]+)")
+
+
+def _check_name(name: str) -> str:
+    """Refuses a name that another buffer would give one of its data segments
+    (``shmreplay.NAME.tI``): the two buffers would share, and remove, that segment."""
+    match = _DATA_SEGMENT_TAIL.fullmatch(name)
+    if match:
+        raise errors.InvalidNameError(
+            f"Buffer name {name!r} ends in '.t' and digits, as the data segments of a "
+            f"buffer's tables are named (a buffer {match['base']!r} keeps table I's data in "
+            f"segment '{match['base']}.tI'): two buffers would share, and remove, each "
+            "other's segments. Pick a name that does not end so.")
+    return name
+
+
+def _name_taken(name: str) -> errors.BufferExistsError:
+    """The error for a name that a buffer (or something else in /dev/shm) has: whose it
+    is, whether its owner lives, and what to do."""
+    seen = _peek.peek(name, tables=False)
+    where = f"{_peek.SHM_DIR}/{_layout.SEGMENT_PREFIX}{name}"
+    if seen.alive and seen.pid == os.getpid():
+        owner = (f"its owner is this process (pid {seen.pid}): a Server of that name is "
+                 "already running here. Stop it first, or pick another name")
+    elif seen.alive:
+        owner = (f"its owner, pid {seen.pid}, is alive. Pick another name (name=None picks "
+                 "a unique one), or stop that Server first")
+    elif seen.alive is False:
+        owner = (f"its owner, pid {seen.pid}, is dead: it was killed before it could "
+                 f"remove the buffer. `shmreplay gc` removes the buffers of dead owners "
+                 f"(`shmreplay rm {name}` this one); then create the Server again")
+    else:
+        owner = (f"{where} is not a buffer this shmreplay can judge: {seen.problem}. If it "
+                 f"stays, `shmreplay rm --force {name}` removes it")
+    return errors.BufferExistsError(
+        f"Server(name={name!r}): a buffer of that name already exists on this machine; "
+        f"{owner}. (`shmreplay ls` lists the buffers.)")
 
 
 def _check_tables(tables):

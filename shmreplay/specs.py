@@ -107,10 +107,21 @@ def normalize_signature(signature, table: str):
 
 
 def check_storable_dtype(dtype: np.dtype, where: str):
-    """Raises ``TypeError`` unless ``dtype`` is a fixed-size numeric or boolean type."""
+    """Raises ``SchemaError`` unless ``dtype`` is a fixed-size numeric or boolean type."""
     if dtype.kind not in "biufc" or dtype.hasobject:
         raise errors.SchemaError(
-            f"{where}: dtype {dtype} cannot be stored; expected a numeric or boolean dtype.")
+            f"{where}: dtype {describe_dtype(dtype)} cannot be stored; expected a numeric or "
+            "boolean dtype.")
+
+
+_DTYPE_KINDS = {"U": "strings", "S": "bytes", "O": "Python objects", "M": "datetimes",
+                "m": "time deltas", "V": "raw or structured records"}
+
+
+def describe_dtype(dtype: np.dtype) -> str:
+    """``dtype`` for a message, saying what a non-numeric one holds (``<U5 (strings)``)."""
+    kind = _DTYPE_KINDS.get(dtype.kind)
+    return f"{dtype} ({kind})" if kind else str(dtype)
 
 
 # The dtype kinds a Python scalar may be stored as.
@@ -182,3 +193,125 @@ def int_range(dtype: np.dtype):
     """``(min, max)`` of an integer dtype, as Python ints."""
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
+
+
+# --- structure mismatches, in words ----------------------------------------------------------
+
+_K = optree.PyTreeKind
+_MAPPINGS = (_K.DICT, _K.ORDEREDDICT, _K.DEFAULTDICT)
+_SEQUENCES = (_K.TUPLE, _K.LIST, _K.DEQUE)
+_NAMED = (_K.NAMEDTUPLE, _K.STRUCTSEQUENCE)
+
+
+def structure_mismatch(got, want, want_specs=None, limit: int = 6, against="the table"):
+    """How treedef ``got`` (the data) differs from ``want`` (``against``'s), in words.
+
+    Returns ``(problems, none_for_column)``: sentences such as ``['reward'] is missing``
+    (at most ``limit``, then how many more), and whether the data has ``None`` where
+    the table has a column. ``want_specs`` (the table's column specs, in leaf order)
+    describe its columns. Only for error messages: it walks both trees in Python.
+    """
+    problems, none_for_column = [], [False]
+
+    def describe(node, first):
+        kind = node.kind
+        if kind == _K.LEAF:
+            if want_specs is None or first is None:
+                return "a value"
+            spec = want_specs[first]
+            article = "an" if str(spec.dtype)[0] in "aeio" else "a"  # (a uint8)
+            return f"{article} {spec.dtype} column of shape {tuple(spec.shape)}"
+        if kind == _K.NONE:
+            return "None"
+        if kind in _MAPPINGS:
+            keys = optree.treespec_entries(node)
+            shown = ", ".join(repr(k) for k in keys[:limit])
+            more = f", ... ({len(keys)} keys)" if len(keys) > limit else ""
+            return (f"a {node.type.__name__} with keys {shown}{more}" if keys
+                    else f"an empty {node.type.__name__}")
+        if kind in _NAMED:
+            fields = getattr(node.type, "_fields", None)
+            named = f"{node.type.__qualname__}({', '.join(fields)})" if fields else \
+                node.type.__qualname__
+            return f"a {named}"
+        if kind in _SEQUENCES:
+            return f"a {node.type.__name__} of {node.num_children}"
+        return f"a {getattr(node.type, '__name__', kind)}"
+
+    def where(path):
+        return "".join(path) or "the data"
+
+    def walk(a, b, path, first):
+        if same_structure(a, b):
+            return
+        if b.kind == _K.LEAF and a.kind == _K.NONE:
+            none_for_column[0] = True
+            problems.append(f"{where(path)} is None, where {against} has "
+                            f"{describe(b, first)} (every item needs a value there)")
+            return
+        starts = _child_starts(b, first)
+        if a.kind in _MAPPINGS and b.kind in _MAPPINGS:
+            got_keys, want_keys = optree.treespec_entries(a), optree.treespec_entries(b)
+            children = dict(zip(got_keys, a.children()))
+            for key, child, start in zip(want_keys, b.children(), starts):
+                if key not in children:
+                    problems.append(f"{where(path + [f'[{key!r}]'])} is missing ({against} "
+                                    f"has {describe(child, start)} there)")
+            for key in got_keys:
+                if key not in want_keys:
+                    problems.append(f"{where(path + [f'[{key!r}]'])} is an extra key "
+                                    f"({against} has none there)")
+            for key, child, start in zip(want_keys, b.children(), starts):
+                if key in children:
+                    walk(children[key], child, path + [f"[{key!r}]"], start)
+            if a.type is not b.type and not problems:
+                problems.append(f"{where(path)} is {describe(a, None)}, where {against} "
+                                f"has {describe(b, first)}")
+            return
+        same_kind = a.kind == b.kind and (a.kind not in _NAMED
+                                          or _structure_key(a)[1] == _structure_key(b)[1])
+        if same_kind and a.num_children == b.num_children and a.kind != _K.CUSTOM:
+            for i, (x, y, start) in enumerate(zip(a.children(), b.children(), starts)):
+                walk(x, y, path + [f"[{i}]"], start)
+            return
+        hint = ""
+        if b.kind == _K.LEAF and a.kind in _SEQUENCES:
+            hint = (f" (a {a.type.__name__} is a nest of columns, not one array: pass "
+                    "np.asarray(...))")
+        problems.append(f"{where(path)} is {describe(a, None)}, where {against} has "
+                        f"{describe(b, first)}{hint}")
+
+    walk(got, want, [], 0)
+    if len(problems) > limit:
+        problems[limit:] = [f"and {len(problems) - limit} more"]
+    if not problems:  # (same shape of tree, but optree still tells them apart)
+        problems.append(f"the data is {got}, {against} has {want}")
+    return problems, none_for_column[0]
+
+
+def _child_starts(node, first):
+    """The index of the first leaf of each child of ``node`` (whose first leaf is
+    ``first``), for ``want_specs``."""
+    starts = []
+    for child in node.children():
+        starts.append(first)
+        first += child.num_leaves
+    return starts
+
+
+def none_paths(treedef, limit: int = 6) -> List[str]:
+    """Where a nest holds ``None`` (``['reward']``), at most ``limit`` of them."""
+    found = []
+
+    def walk(node, path):
+        if len(found) >= limit:
+            return
+        if node.kind == _K.NONE:
+            found.append("".join(path) or "the data")
+            return
+        entries = optree.treespec_entries(node)
+        for entry, child in zip(entries, node.children()):
+            walk(child, path + [f"[{entry!r}]"])
+
+    walk(treedef, [])
+    return found

@@ -448,8 +448,8 @@ def _connect_within(server_address, timeout_secs):
                 raise
             if time.monotonic() >= deadline:
                 raise errors.DeadlineExceededError(
-                    f"No buffer named {server_address!r} appeared within {timeout_secs} s "
-                    "(get_signature_timeout_secs).") from None
+                    f"No buffer named {server_address!r} appeared within "
+                    f"{errors.seconds(timeout_secs)} (get_signature_timeout_secs).") from None
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 

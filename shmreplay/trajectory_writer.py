@@ -688,7 +688,7 @@ class TrajectoryWriter:
         if not self._pending.drain(timeout, leave=block_until_num_items):
             raise errors.DeadlineExceededError(
                 f"flush: {len(self._pending)} item(s) still wait for their table's rate "
-                f"limiter after {timeout_ms} ms.")
+                f"limiter after {errors.seconds(timeout_ms, 'ms')}.")
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None):
         """Flushes, then starts a new episode (``episode_steps`` back to 0).

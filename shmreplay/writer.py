@@ -154,10 +154,13 @@ class Writer:
                 raise errors.SchemaError("Writer: a step needs at least one tensor.")
             return values
         if not specs.same_structure(treedef, self._treedef):
+            first = [specs.TensorSpec(value.shape, value.dtype) for value in self._first]
+            problems, _ = specs.structure_mismatch(treedef, self._treedef, first,
+                                                   against="the first step")
             raise errors.SchemaError(
-                f"Writer: the step's structure {treedef} does not match the first step's "
-                f"{self._treedef} (the number and names of tensors per timestep must stay "
-                "the same).")
+                f"Writer: the step does not match the structure of the first step: "
+                f"{'; '.join(problems)} (the number and names of tensors per timestep must "
+                "stay the same).")
         values = []
         for leaf, first, path in zip(leaves, self._first, self._paths):
             if type(leaf) in _PY_SCALARS:
@@ -273,7 +276,7 @@ class Writer:
         if not self._pending.drain(timeout):
             raise errors.DeadlineExceededError(
                 f"Writer.flush: {len(self._pending)} item(s) still wait for their table's "
-                f"rate limiter after {timeout} s.")
+                f"rate limiter after {errors.seconds(timeout)}.")
 
     def close(self, retry_on_unavailable: bool = True, timeout: Optional[float] = None):
         """Flushes, then closes the writer.

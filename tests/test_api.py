@@ -9,6 +9,7 @@ import pytest
 import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay import _layout as L
+from shmreplay.specs import TensorSpec
 
 
 def _table(name="t", **kwargs):
@@ -98,9 +99,11 @@ def test_sample_generator_follows_reverb_shapes(buffer_name):
 
 
 def test_none_leaves_keep_their_place_in_the_sampled_nest(buffer_name):
-    # None is no column; sampled items have it where it was, and the other fields
-    # under their own names (a dict with a None value is not read as a flat dict).
-    tables = [shmreplay.Table.queue("d", 10), shmreplay.Table.queue("t", 10)]
+    # A signature's None is no column; sampled items have it where it was, and the other
+    # fields under their own names (a dict with a None value is not read as a flat dict).
+    # (Without a signature, a None in the first item is refused: tests/test_first_errors.py.)
+    tables = [shmreplay.Table.queue("d", 10, signature={"a": None, "b": TensorSpec((), np.float32)}),
+              shmreplay.Table.queue("t", 10, signature=(None, TensorSpec((), np.float32)))]
     with shmreplay.Server(tables, name=buffer_name) as server:
         client = shmreplay.Client(server.name)
         for i in range(2):

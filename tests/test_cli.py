@@ -276,7 +276,152 @@ def test_info_into_a_pipe_closed_early_exits_quietly(buffer_name):
     tables = [shmreplay.Table.queue(f"q{i}", 2) for i in range(50)]  # output > a pipe's read
     with shmreplay.Server(tables, name=buffer_name):
         result = subprocess.run(
-            f"{sys.executable} -m shmreplay.cli info {buffer_name} | head -1",
+            f"{sys.executable} -m shmreplay.cli info {buffer_name} | head -2",
             shell=True, capture_output=True, text=True, timeout=60)
-        assert result.stdout.startswith("table q0:")
+        assert result.stdout.splitlines()[1].startswith("table q0:")
         assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
+
+
+# --- first contact: ls, rm, gc and --help read headers only; info says a dead owner -------
+
+import multiprocessing  # noqa: E402
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import _mp_workers  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# Runs the CLI with the ``shmreplay`` package's __init__ skipped (it imports the client
+# today) and the modules that map tables or hold kernels made unimportable: the command
+# must not need them. ``SHMREPLAY_TEST_SHM`` points it at another directory than /dev/shm.
+_NO_ENGINE = f"""
+import importlib.abc, os, sys, types
+package = types.ModuleType("shmreplay")
+package.__path__ = [{str(ROOT / "shmreplay")!r}]
+sys.modules["shmreplay"] = package
+BLOCKED = ("shmreplay._buffer", "shmreplay._table", "shmreplay.client",
+           "shmreplay._kernels.table", "shmreplay._kernels.sumtree", "cloudpickle")
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in BLOCKED:
+            raise ImportError(name + " was imported")
+sys.meta_path.insert(0, Block())
+from shmreplay import _peek, cli
+_peek.SHM_DIR = os.environ.get("SHMREPLAY_TEST_SHM", _peek.SHM_DIR)
+status = cli.main(sys.argv[1:])
+assert not [m for m in BLOCKED if m in sys.modules]
+sys.exit(status)
+"""
+
+
+def _cli_without_engines(*args, shm=None):
+    env = dict(os.environ, **({"SHMREPLAY_TEST_SHM": str(shm)} if shm else {}))
+    return subprocess.run([sys.executable, "-c", _NO_ENGINE, *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def _ls_line(stdout, name):
+    return next(line for line in stdout.splitlines() if line.startswith(name + " ")).split()
+
+
+def test_ls_rm_and_help_read_headers_without_attaching(buffer_name):
+    tables = [shmreplay.Table("p", selectors.Prioritized(0.6), selectors.Fifo(), 100,
+                              rate_limiters.MinSize(1)),
+              shmreplay.Table("u", selectors.Uniform(), selectors.MaxHeap(), 1000,
+                              rate_limiters.MinSize(1)),
+              shmreplay.Table.queue("q", 5)]
+    with shmreplay.Server(tables, name=buffer_name) as server:
+        with shmreplay.Client(server.name) as client:
+            client.insert_batch({"x": np.zeros((3, 2))}, {"p": 1.0})
+            client.insert({"x": np.zeros(2)}, {"u": 1.0, "q": 1.0})
+            listed = _cli_without_engines("ls")
+            assert listed.returncode == 0, listed.stderr
+            assert _ls_line(listed.stdout, buffer_name)[1:5] == [
+                str(os.getpid()), "alive", "3", "5"]
+            # the same figure as the full client's view
+            assert _ls_line(listed.stdout, buffer_name)[1:5] == \
+                _ls_line(_cli("ls").stdout, buffer_name)[1:5]
+        helped = _cli_without_engines("--help")
+        assert helped.returncode == 0 and "gc" in helped.stdout, helped.stderr
+        refused = _cli_without_engines("rm", buffer_name)
+        assert refused.returncode == 1 and "is alive" in refused.stdout, refused.stderr
+        assert os.path.exists(f"/dev/shm/shmreplay.{buffer_name}")
+
+
+def _fake_shm(tmp_path, source_name):
+    """A directory standing in for /dev/shm: a copy of a live buffer's header segment whose
+    recorded owner is dead, a segment being created (zeros), a FIFO, and a symlink."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    dead = shm / "shmreplay.dead-owner"
+    shutil.copyfile(f"/dev/shm/shmreplay.{source_name}", dead)
+    dead.chmod(0o600)
+    from shmreplay import _layout
+    header = np.memmap(dead, _layout.HEADER, mode="r+", shape=(1,))
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, timeout=60)
+    header["owner_pid"] = int(child.stdout)   # a process that has exited
+    header.flush()
+    del header
+    (shm / "shmreplay.being-created").write_bytes(b"\0" * 4096)
+    os.chmod(shm / "shmreplay.being-created", 0o600)
+    os.mkfifo(shm / "shmreplay.a-fifo", 0o600)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"\0" * 4096)
+    os.symlink(outside, shm / "shmreplay.a-link")
+    return shm
+
+
+def test_gc_removes_only_what_it_knows_is_dead(tmp_path, buffer_name):
+    with _server(buffer_name):
+        shm = _fake_shm(tmp_path, buffer_name)
+    listed = _cli_without_engines("ls", shm=shm)
+    assert listed.returncode == 0, listed.stderr
+    assert _ls_line(listed.stdout, "dead-owner")[2:4] == ["dead", "1"]
+    for name in ("being-created", "a-fifo", "a-link"):
+        assert _ls_line(listed.stdout, name)[1:5] == ["?"] * 4
+    collected = _cli_without_engines("gc", shm=shm)
+    assert collected.returncode == 0, collected.stderr
+    assert "dead-owner: owner" in collected.stdout and "is gone; removed 1" in collected.stdout
+    assert "being-created: left alone" in collected.stdout
+    assert "a-fifo: left alone: it is not a regular file" in collected.stdout
+    assert "a-link: left alone: it cannot be opened" in collected.stdout
+    assert sorted(os.listdir(shm)) == [
+        "shmreplay.a-fifo", "shmreplay.a-link", "shmreplay.being-created"]
+    assert (tmp_path / "outside").exists()
+    refused = _cli_without_engines("rm", "being-created", shm=shm)
+    assert refused.returncode == 1 and "--force removes it anyway" in refused.stdout
+    forced = _cli_without_engines("rm", "--force", "being-created", "a-link", shm=shm)
+    assert forced.returncode == 0 and sorted(os.listdir(shm)) == ["shmreplay.a-fifo"]
+    assert (tmp_path / "outside").exists()
+
+
+def test_info_says_when_the_owner_is_dead(buffer_name):
+    spawn = multiprocessing.get_context("spawn")
+    ready, queue = spawn.Event(), spawn.Queue()
+    owner = spawn.Process(target=_mp_workers.owner_waits, args=(buffer_name, ready, queue))
+    with _mp_workers.processes(owner, join_timeout=0):
+        assert ready.wait(60), "the owner did not create its buffer"
+        alive = _cli("info", buffer_name).stdout.splitlines()[0]
+        assert alive.startswith(f"buffer {buffer_name}: owner {owner.pid} alive;")
+        _mp_workers.kill_and_reap(owner)
+    try:
+        info = _cli("info", buffer_name).stdout
+        first = info.splitlines()[0]
+        assert first.startswith(f"buffer {buffer_name}: owner {owner.pid} is DEAD")
+        assert "`shmreplay gc` removes" in first and "table signed: 1/16 items" in info
+        assert _ls_line(_cli("ls").stdout, buffer_name)[2] == "dead"
+    finally:
+        _cli("rm", buffer_name)
+
+
+def test_ls_top_and_info_show_the_same_memory(buffer_name):
+    with _server(buffer_name) as server:
+        with shmreplay.Client(server.name) as client:
+            client.insert_batch({"x": np.zeros((50, 1000))}, {"replay": 1.0})
+            listed = " ".join(_ls_line(_cli("ls").stdout, buffer_name)[5:])
+            top = _cli("top", buffer_name, "--interval", "0.05", "--iterations", "1").stdout
+            info = _cli("info", buffer_name).stdout.splitlines()[0]
+    assert listed.endswith("KiB") or listed.endswith("MiB")
+    assert f"  memory {listed}  " in top.splitlines()[0]
+    assert f"; {listed} in memory (all its segments, as ls and top count it)" in info

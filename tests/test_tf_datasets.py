@@ -459,7 +459,10 @@ def test_lists_in_items_become_tuples_in_every_dataset():
 
 
 def test_items_with_a_none_value_are_refused_with_a_clear_error():
-    with serve(shmreplay.Table.queue("q", 10)) as (name, client):
+    # (Only a signature can give items a None: insert refuses one in a first item.)
+    table = shmreplay.Table.queue("q", 10, signature={"a": None,
+                                                      "b": TensorSpec((), np.float32)})
+    with serve(table) as (name, client):
         client.insert({"a": None, "b": np.float32(1)}, {"q": 1.0})
         for make in (lambda: shmreplay_tf.make_dataset(name, "q", batch_size=1),
                      lambda: shmreplay_tf.TrajectoryDataset.from_table_signature(name, "q", 1)):

@@ -3,10 +3,9 @@
 ``sumtree`` and ``heap`` are pure array algorithms. ``table`` holds the entry points
 that take a table's lock (see ``shmreplay._sync`` for the protocol) and run one whole
 operation natively. Import these modules only where they are used: importing
-``shmreplay`` compiles nothing.
+``shmreplay`` compiles nothing, and importing this package (or ``codes``) does not load
+numba. How kernels are compiled, cached and shared between processes is ``_jit``'s job.
 """
-
-import numba
 
 
 def kernel(function):
@@ -20,7 +19,8 @@ def kernel(function):
     exception inside a locked kernel would leave the table's mutex held by a live
     process. (Out-of-bounds indexing is checked only in CI's NUMBA_BOUNDSCHECK leg.)
     """
-    return numba.njit(nogil=True, cache=True, _nrt=False, error_model="numpy")(function)
+    from shmreplay._kernels import _jit
+    return _jit.jit(function, inline=False)
 
 
 def inlined_kernel(function):
@@ -30,5 +30,5 @@ def inlined_kernel(function):
     not inline them by itself, and a call passing the table's arrays costs about 10 ns,
     more than the step's own work.
     """
-    return numba.njit(nogil=True, cache=True, _nrt=False, error_model="numpy",
-                      inline="always")(function)
+    from shmreplay._kernels import _jit
+    return _jit.jit(function, inline=True)

@@ -1,0 +1,241 @@
+"""What a buffer's header and control blocks say, read without attaching to it.
+
+For the operator's commands that only look (``shmreplay ls``, ``gc``, ``rm``) and for
+error messages about a name that is taken. Nothing here maps a table, unpickles a
+configuration or loads a kernel, so these commands start fast, and a segment someone
+else wrote can mislead them at worst, never run code here.
+
+The rules, as for ``shmreplay._buffer.attach``:
+
+* A segment is opened ``O_NOFOLLOW | O_NONBLOCK`` and read only if it is a regular
+  file under ``/dev/shm`` that no other user may write (mode at most ``0o660``): a
+  symlink, FIFO or device there is never followed, never waited on, never read.
+* Bytes are read with ``os.pread``, so a segment truncated meanwhile gives a short read
+  (reported as unreadable), never a SIGBUS.
+* The magic and layout version are checked before any other field is believed; each
+  table's control block is located with ``shmreplay._layout``'s plan from the settings
+  the block itself holds, and believed only if that plan agrees with the header and
+  with the block's own capacity and tree words, and fits in the segment.
+* Death is a fact or nothing: an owner is *dead* only if its recorded pid (with its
+  recorded start time, against pid reuse) is not running. A header that records no
+  pid (a buffer being created) cannot be judged, and neither can a segment that is
+  not a readable buffer of this layout version: ``alive`` is None for those.
+"""
+
+import dataclasses
+import os
+import stat
+import types
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from shmreplay import _layout as L
+from shmreplay._kernels import codes
+from shmreplay._procs import pid_alive
+
+SHM_DIR = "/dev/shm"
+_OPEN_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+               | getattr(os, "O_CLOEXEC", 0))
+_MAX_TABLES = 1 << 16
+_SELECTOR_KINDS = frozenset((codes.UNIFORM, codes.PRIORITIZED, codes.FIFO, codes.LIFO,
+                             codes.MIN_HEAP, codes.MAX_HEAP))
+_STATES = {L.STATE_CREATING: "creating", L.STATE_ACTIVE: "active",
+           L.STATE_STOPPED: "stopped"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Peek:
+    """What one buffer's header segment says.
+
+    Attributes:
+      name: The buffer's name.
+      exists: Its header segment is in /dev/shm.
+      problem: Why it is not a readable buffer of this layout version (None if it is).
+      pid: The owner's pid (None when unknown).
+      alive: Whether the owner runs; None when that cannot be judged.
+      state: ``"creating"``, ``"active"`` or ``"stopped"`` (None when unknown).
+      tables: The number of tables (None when not readable).
+      items: The items in all tables now (None when not readable).
+      uid: The uid owning the segment (None when it does not exist).
+      inode: The header segment's inode (None when it does not exist): ``gc`` and
+        ``rm`` remove nothing if the name has been given to a new buffer meanwhile.
+    """
+
+    name: str
+    exists: bool = False
+    problem: Optional[str] = None
+    pid: Optional[int] = None
+    alive: Optional[bool] = None
+    state: Optional[str] = None
+    tables: Optional[int] = None
+    items: Optional[int] = None
+    uid: Optional[int] = None
+    inode: Optional[int] = None
+
+    @property
+    def status(self) -> str:
+        """One word for ``ls``: dead, alive, creating, stopped, or ``?``."""
+        if self.alive is None:
+            return "?"
+        if not self.alive:
+            return "dead"
+        return "alive" if self.state == "active" else self.state
+
+
+def header_path(name: str) -> str:
+    return os.path.join(SHM_DIR, L.SEGMENT_PREFIX + name)
+
+
+def peek(name: str, tables: bool = True) -> Peek:
+    """Reads buffer ``name``'s header (and, with ``tables``, its control blocks)."""
+    if "/" in name or "\0" in name or not name:
+        return Peek(name, problem="it is not a name of a segment in /dev/shm")
+    try:
+        fd = os.open(header_path(name), _OPEN_FLAGS)
+    except FileNotFoundError:
+        return Peek(name, problem="it does not exist")
+    except OSError as exc:  # a symlink (ELOOP), another user's private segment, ...
+        return Peek(name, exists=True, problem=f"it cannot be opened ({exc.strerror})")
+    try:
+        return _read(name, fd, tables)
+    finally:
+        os.close(fd)
+
+
+def _read(name: str, fd: int, with_tables: bool) -> Peek:
+    info = os.fstat(fd)
+    found = dict(name=name, exists=True, uid=info.st_uid, inode=info.st_ino)
+    if not stat.S_ISREG(info.st_mode):
+        return Peek(**found, problem="it is not a regular file")
+    if stat.S_IMODE(info.st_mode) & ~0o660:
+        return Peek(**found, problem=f"its mode {stat.S_IMODE(info.st_mode):04o} lets "
+                                     "other users write it")
+    raw = os.pread(fd, L.HEADER_SIZE, 0)
+    if len(raw) < L.HEADER_SIZE:
+        return Peek(**found, problem=f"it has {len(raw)} bytes, less than a header")
+    header = np.frombuffer(raw, L.HEADER, 1)[0]
+    if header["magic"] == L.DATA_MAGIC:
+        return Peek(**found, problem="it is a table's data segment, and its buffer's header "
+                                     "segment is gone")
+    if header["magic"] != L.MAGIC:
+        # A Server writes the magic first: zeros are a buffer being created (or not ours).
+        return Peek(**found, problem="it has no shmreplay header (a buffer being created, "
+                                     "or not a shmreplay buffer)")
+    version = int(header["layout_version"])
+    if version != L.LAYOUT_VERSION:
+        return Peek(**found, problem=f"it has layout version {version}; this shmreplay "
+                                     f"reads version {L.LAYOUT_VERSION}")
+    pid, start = int(header["owner_pid"]), int(header["owner_start"])
+    if pid <= 0:
+        return Peek(**found, problem="its header names no owner yet (being created)")
+    alive = pid_alive(pid, start)
+    state = _STATES.get(int(header["state"]), "?")
+    counts = _table_counts(fd, header, info.st_size) if with_tables else None
+    tables, items = counts if counts is not None else (None, None)
+    return Peek(**found, pid=pid, alive=alive, state=state, tables=tables, items=items)
+
+
+def _table_counts(fd: int, header, size: int):
+    """``(tables, items)`` from the control blocks, or None if anything disagrees."""
+    total, count = int(header["total_bytes"]), int(header["num_tables"])
+    config_len = int(header["config_len"])
+    if (total != size or not 1 <= count <= _MAX_TABLES or config_len <= 0
+            or int(header["config_offset"]) != L.HEADER_SIZE):
+        return None
+    offset, stand_ins, items = int(header["tables_offset"]), [], 0
+    for _ in range(count):
+        ctrl = _ctrl(fd, L.plan_table(offset, _stand_in(1, codes.UNIFORM, codes.UNIFORM)).ctrl)
+        if ctrl is None:
+            return None
+        max_size = int(ctrl[L.C_MAX_SIZE])
+        kinds = int(ctrl[L.C_SAMPLER_KIND]), int(ctrl[L.C_REMOVER_KIND])
+        if not 1 <= max_size < 1 << 40 or not set(kinds) <= _SELECTOR_KINDS:
+            return None
+        stand_ins.append(_stand_in(max_size, *kinds))
+        region = L.plan_table(offset, stand_ins[-1])
+        size_now = int(ctrl[L.C_SIZE])
+        if (region.end > total or int(ctrl[L.C_CAPACITY]) != region.capacity
+                or int(ctrl[L.C_TREE_LEAVES]) != region.tree_leaves
+                or not 0 <= size_now <= region.capacity):
+            return None
+        items += size_now
+        offset = region.end
+    plan = L.plan_buffer(stand_ins, config_len)
+    if plan.total_bytes != total or plan.tables[0].offset != int(header["tables_offset"]):
+        return None
+    return count, items
+
+
+def _stand_in(max_size: int, sampler: int, remover: int):
+    """What ``_layout.plan_table`` reads of a Table, from a control block's words."""
+    return types.SimpleNamespace(max_size=max_size,
+                                 sampler=types.SimpleNamespace(kind=sampler),
+                                 remover=types.SimpleNamespace(kind=remover))
+
+
+def _ctrl(fd: int, offset: int):
+    raw = os.pread(fd, L.CTRL_WORDS * 8, offset)
+    if len(raw) < L.CTRL_WORDS * 8:
+        return None
+    return np.frombuffer(raw, np.int64)
+
+
+def segments() -> Dict[str, List[str]]:
+    """``{buffer name: [its /dev/shm entries]}``, header segment first.
+
+    ``shmreplay.NAME.tI`` is table ``I``'s data segment of buffer ``NAME`` when that
+    buffer's header segment is there too; one left without it is listed under its own
+    name (``peek`` then says what it is).
+    """
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return {}
+    prefix = L.SEGMENT_PREFIX
+    names = {entry[len(prefix):] for entry in entries if entry.startswith(prefix)}
+    found = {name: [prefix + name] for name in sorted(names)
+             if not _is_data_segment(name, names)}
+    for name in sorted(names):
+        if _is_data_segment(name, names):
+            found.setdefault(name.rpartition(".t")[0], []).append(prefix + name)
+    return found
+
+
+def _is_data_segment(name: str, names) -> bool:
+    base, _, table = name.rpartition(".t")
+    return bool(base) and table.isdigit() and base in names
+
+
+def segments_of(name: str) -> List[str]:
+    """The /dev/shm entries of buffer ``name``: its header and data segments."""
+    prefix = L.SEGMENT_PREFIX + name
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    return sorted(e for e in entries if e == prefix or (
+        e.startswith(prefix + ".t") and e[len(prefix) + 2:].isdigit()))
+
+
+def memory(entries: List[str]) -> int:
+    """Bytes of memory the segments occupy now (tmpfs allocates pages on first write;
+    a segment's reserved size costs nothing until written). Symlinks are not followed."""
+    total = 0
+    for entry in entries:
+        try:
+            info = os.lstat(os.path.join(SHM_DIR, entry))
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            total += info.st_blocks * 512
+    return total
+
+
+def format_bytes(count: int) -> str:
+    """``ls`` and ``top`` print memory alike: ``36 KiB``, ``12.5 MiB``, ``1.20 GiB``."""
+    if count >= 2**30:
+        return f"{count / 2**30:.2f} GiB"
+    if count >= 2**20:
+        return f"{count / 2**20:.1f} MiB"
+    return f"{count / 2**10:.0f} KiB"

@@ -202,6 +202,7 @@ def main(learner, description, default_name, target, argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=f"{default_name}-{os.getpid()}")
     args = parser.parse_args(argv)
+    begun = time.monotonic()
 
     # Ctrl-C raises KeyboardInterrupt in this process only (the workers ignore it), and
     # SIGTERM raises _Terminated: either way the workers are stopped and joined, then
@@ -236,6 +237,7 @@ def main(learner, description, default_name, target, argv=None):
         # Workers first (each notices the stop within about a second), then the buffer.
         # A second Ctrl-C or SIGTERM must not abandon the children.
         with _signals_ignored(signal.SIGINT, signal.SIGTERM):
+            run.end()
             stop.set()
             _join(workers, run.stats)
             if client is not None:
@@ -248,7 +250,8 @@ def main(learner, description, default_name, target, argv=None):
         exit_code = 0
         print(f"solved in {run.solved_at:.0f} s: an average return of {run.best:.1f} over the "
               f"last {WINDOW} episodes (target {args.target:g}) after {run.learner_steps:,} "
-              "learner steps", flush=True)
+              f"learner steps; {time.monotonic() - begun:.0f} s since the start, kernels and "
+              "imports included", flush=True)
     else:
         print(f"error: not solved: {run.why_not()}", file=sys.stderr, flush=True)
     left = _leftovers(args.name)
@@ -288,7 +291,7 @@ class _Run:
         self.env_steps = collections.defaultdict(int)
         self.episodes = self.learner_steps = self.inserted = 0
         self.best_full = None  # the best average of WINDOW episodes
-        self.solved_at = self.failure = self.start = None
+        self.solved_at = self.failure = self.start = self.ended = None
 
     @property
     def best(self):
@@ -298,7 +301,14 @@ class _Run:
         return float(np.mean(self.returns)) if self.returns else 0.0
 
     def elapsed(self):
-        return 0.0 if self.start is None else time.monotonic() - self.start
+        """Seconds since the workers started, until the run ended (``end``)."""
+        if self.start is None:
+            return 0.0
+        return (time.monotonic() if self.ended is None else self.ended) - self.start
+
+    def end(self):
+        if self.ended is None:
+            self.ended = time.monotonic()
 
     def watch(self, client, workers):
         """Prints a row a second until the target is reached, the time cap passes, or a
@@ -351,8 +361,8 @@ class _Run:
         if self.start is None:
             return "stopped before the workers started"
         if self.inserted == 0:
-            return (f"the actors inserted nothing in {seconds} (still starting? a first run "
-                    "compiles kernels)")
+            return (f"the actors inserted nothing in {seconds} (still starting? they import "
+                    "gymnasium and load kernels first; a longer --seconds may help)")
         if self.learner_steps == 0:
             return (f"the learner took no step in {seconds}: no batch arrived, although the "
                     f"actors inserted {self.inserted:,} items")

@@ -1,15 +1,28 @@
-"""``examples/jax_dqn.py`` and ``tf_dqn.py``, shortened: actor processes and a JAX or a
-TensorFlow learner learn CartPole.
+"""``examples/jax_dqn.py`` (the README's demo) and ``tf_dqn.py``: actor processes and a JAX
+or a TensorFlow learner learn CartPole.
 
-Runs the example as a user would (a subprocess, real processes attaching by name) and
-checks that it trains: the average return of the last 20 episodes rises well above a
-random policy's (about 22), data flows both ways (items inserted, batches sampled,
-learner steps), and the buffer is gone afterwards.
+Runs each example as a user would (a subprocess with its default settings, real
+processes attaching by name) and checks that it learned: it stops once the average
+return of the last 20 episodes reaches its target (475 for JAX, 400 for TensorFlow;
+random play gets about 22), exits 0, data flowed both ways (items inserted, batches
+sampled, learner steps), and the buffer is gone afterwards.
+
+* The JAX demo runs from a cold numba cache (a fresh ``NUMBA_CACHE_DIR``), as on a fresh
+  clone: the first run compiles the kernels and must still learn within its time cap.
+  It is the suite's slowest test (typically 1-2 minutes on 2 cores).
+* The TensorFlow demo runs on the suite's warm cache.
+* A run that cannot reach its target exits 1, says why, and still prints its result
+  line; Ctrl-C (to the whole process group, as a terminal sends it) and SIGTERM stop
+  the workers and remove the buffer.
 """
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,31 +30,143 @@ import _names
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-RANDOM_POLICY_RETURN = 22
+TARGETS = {"jax_dqn.py": 475, "tf_dqn.py": 400}  # the scripts' default --target
+# The examples' time cap is 300 s (measured: a cold first run on a busy 2-core machine
+# reaches 475 in about ...); a cold run compiles the kernels before the clock starts.
+# The bound only has to stop a hung run.
+RUN_TIMEOUT = 600
 
 # time, env steps, episodes, return, items/s, samples/s, learner steps
 ROW = re.compile(r"^\s*(\d+)s\s+([\d,]+)\s+(\d+)\s+([\d.]+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s*$",
                  re.M)
+RESULT = re.compile(r"^best average return \(last 20 episodes\): ([\d.]+)$", re.M)
 
 
 def _number(text):
     return float(text.replace(",", ""))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("example", ["jax_dqn.py", "tf_dqn.py"])
-def test_dqn_example_learns_cartpole_and_cleans_up(example):
-    name = _names.unique("dqn")
-    proc = subprocess.run([sys.executable, str(EXAMPLES / example), "--seconds", "45",
-                           "--name", name],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+def _rows(stdout):
+    return [[_number(v) for v in row] for row in ROW.findall(stdout)]
+
+
+def _env(**extra):
+    """This checkout's shmreplay, whatever the virtualenv has installed."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _leftovers(name):
+    return sorted(Path("/dev/shm").glob(f"shmreplay.{name}*"))
+
+
+def _check_learned(proc, example, name):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    rows = [[_number(v) for v in row] for row in ROW.findall(proc.stdout)]
-    assert len(rows) >= 30, output
+    rows = _rows(proc.stdout)
+    assert rows, output
     assert rows[-1][1] > 10_000 and rows[-1][6] > 1_000, output  # env steps, learner steps
     assert any(r[4] > 0 and r[5] > 0 for r in rows), output     # items/s and samples/s
-    best = float(re.search(r"best average return \(last 20 episodes\): ([\d.]+)",
-                           proc.stdout).group(1))
-    assert best > 5 * RANDOM_POLICY_RETURN, output
-    assert not list(Path("/dev/shm").glob(f"shmreplay.{name}*")), output
+    assert re.search(r"^solved in \d+ s: ", proc.stdout, re.M), output
+    results = RESULT.findall(proc.stdout)
+    assert len(results) == 1 and proc.stdout.rstrip().endswith(
+        f"(last 20 episodes): {results[0]}"), output              # the last line
+    assert float(results[0]) >= TARGETS[example], output
+    assert not _leftovers(name), output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+def test_jax_demo_learns_on_a_first_run_from_a_cold_kernel_cache(tmp_path):
+    """README command 1 on a fresh clone: no compiled kernels anywhere yet."""
+    name = _names.unique("dqn")
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "jax_dqn.py"), "--name", name],
+                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          env=_env(NUMBA_CACHE_DIR=str(tmp_path / "numba-cache")))
+    _check_learned(proc, "jax_dqn.py", name)
+    # The Server compiled the kernels, once, and said so while it did.
+    assert re.search(r"compiling kernels, first run only: ~\d+ s", proc.stderr), proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+def test_tf_demo_learns():
+    name = _names.unique("dqn")
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "tf_dqn.py"), "--name", name],
+                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          env=_env())
+    _check_learned(proc, "tf_dqn.py", name)
+
+
+@pytest.mark.slow
+def test_a_run_that_misses_its_target_exits_1_and_says_why():
+    name = _names.unique("dqn")
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "jax_dqn.py"), "--name", name,
+                           "--seconds", "3", "--target", "501"],  # CartPole's cap is 500
+                          cwd=ROOT, capture_output=True, text=True, timeout=180, env=_env())
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert re.search(r"^error: not solved: \S", proc.stderr, re.M), output
+    assert "Traceback" not in output, output
+    assert RESULT.search(proc.stdout.rstrip().splitlines()[-1]), output
+    assert not _leftovers(name), output
+
+
+def _session_processes(sid):
+    """Processes still alive in session ``sid`` (the demo and its workers)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != b"Z":  # fields[3] is the session id
+            alive.append(int(entry))
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stopped_run_stops_its_workers_and_removes_the_buffer(how):
+    """Ctrl-C reaches every process of the foreground group, as a terminal sends it;
+    SIGTERM reaches the owner only. Either way the learner is training when it comes."""
+    name = _names.unique("dqn")
+    proc = subprocess.Popen([sys.executable, str(EXAMPLES / "jax_dqn.py"), "--name", name],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env=_env())
+    lines, training = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            row = ROW.match(line)
+            if row and _number(row.group(7)) > 0:
+                training.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert training.wait(180), "".join(lines)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(timeout=10)
+    output = "".join(lines)
+    signum = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
+    assert proc.returncode == 128 + signum, output
+    assert "Traceback" not in output, output
+    assert RESULT.search(lines[-1]), output
+    deadline = time.monotonic() + 15
+    while _session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _session_processes(proc.pid), f"workers outlived the demo:\n{output}"
+    assert not _leftovers(name), output

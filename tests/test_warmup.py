@@ -57,6 +57,8 @@ tables = [shmreplay.Table("p", selectors.Prioritized(1.0), selectors.Fifo(), 100
           shmreplay.Table("u", selectors.Lifo(), selectors.MaxHeap(), 100,
                           rate_limiters.MinSize(1), max_times_sampled=2),
           shmreplay.Table("s", selectors.MinHeap(), selectors.Fifo(), 100,
+                          rate_limiters.MinSize(1)),
+          shmreplay.Table("frames", selectors.Uniform(), selectors.Fifo(), 100,
                           rate_limiters.MinSize(1))]
 with shmreplay.Server(tables, name=sys.argv[1]) as server:
     client = shmreplay.Client(server.name)
@@ -76,6 +78,8 @@ with shmreplay.Server(tables, name=sys.argv[1]) as server:
                                                   writer.history.reward[-2]))
         writer.end_episode(timeout_ms=5000)
     client.sample_batch("s", 2, timeout=5)
+    client.insert_batch(np.zeros((50, 64, 64), np.uint8), priorities={"frames": 1.0})
+    client.sample_batch("frames", 100, timeout=5)  # 400 KiB: a batch in fresh arrays
     client.server_info()
     client.verify("p")
     client.checkpoint(os.path.join(tempfile.mkdtemp(), "c.ckpt"))

@@ -12,6 +12,8 @@ Cases:
   owner + 3 workers      an owner creates a buffer and spawns 2 actors and a learner;
                          time until all three have done their first insert / sample
   spawned actor, warm    ``Process.start()`` to the actor's first insert returning
+  numba floor            a process that loads one trivial kernel from numba's cache: what
+                         any numba library pays before its first call
   CLI                    ``shmreplay --help / ls / info / verify / top / gc`` against one
                          live buffer
 
@@ -158,6 +160,24 @@ if __name__ == "__main__":
     print(json.dumps(rows))
 """
 
+# The floor under any numba library: a fresh process that imports numpy and numba and
+# calls one trivial kernel loaded from numba's cache (its first call initializes numba's
+# code generator, which imports scipy.linalg when scipy is installed, to find a BLAS).
+NUMBA_FLOOR = """
+import json, time
+t0 = time.perf_counter()
+import numba, numpy as np
+t1 = time.perf_counter()
+
+@numba.njit(cache=True, nogil=True)
+def one(x):
+    return x + 1
+
+one(np.int64(1))
+t2 = time.perf_counter()
+print(json.dumps({{"import": t1 - t0, "first_call": t2 - t1}}))
+"""
+
 HOLD_BUFFER = """
 import sys, time
 import numpy as np
@@ -172,6 +192,23 @@ print("ready", flush=True)
 sys.stdin.read()
 server.stop()
 """
+
+
+def _numba_floor(cache, runs):
+    """Wall time of a process that only loads one cached numba kernel (median)."""
+    directory = tempfile.mkdtemp(prefix="bench-startup-floor-")
+    script = os.path.join(directory, "floor.py")  # cache=True needs a file
+    with open(script, "w") as f:
+        f.write(NUMBA_FLOOR.format())
+    try:
+        _run([sys.executable, script], cache)
+        rows = []
+        for _ in range(runs):
+            wall, out = _run([sys.executable, script], cache)
+            rows.append(dict(json.loads(out.strip().splitlines()[-1]), wall=wall))
+        return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _shmreplay_command():
@@ -235,6 +272,8 @@ def main(argv=None):
             OWNER_AND_WORKERS.format(name=NAME + "-workers"), cache)[1]))
         # Fill the warm cache, then the warm cases.
         _python(FIRST_SERVER.format(name=NAME + "-fill"), warm_cache)
+        floor = _numba_floor(warm_cache, warm_runs)
+        results["numba floor, warm"] = floor
         walls = [_python("import shmreplay", warm_cache)[0] for _ in range(warm_runs)]
         bare = [_python("pass", warm_cache)[0] for _ in range(warm_runs)]
         results["import shmreplay"] = {"median": statistics.median(walls),
@@ -282,6 +321,10 @@ def _markdown(info, results):
         row("owner + 2 actors + learner, cold: all first calls done", entry["all_first_calls"])
     for entry in results.get("owner + 3 workers, warm", []):
         row("owner + 2 actors + learner, warm: all first calls done", entry["all_first_calls"])
+    if "numba floor, warm" in results:
+        floor = results["numba floor, warm"]
+        row("numba floor: python + numpy + numba + one cached kernel (median)", floor["wall"])
+        row("numba floor: its first call (median)", floor["first_call"])
     if "import shmreplay" in results:
         row("python -c 'import shmreplay' (median)", results["import shmreplay"]["median"])
         row("python -c pass (median)", results["import shmreplay"]["python -c pass"])

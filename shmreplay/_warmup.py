@@ -86,7 +86,14 @@ def warm_up(log: bool = True) -> WarmUp:
                     _log.warning("shmreplay: compiling kernels, first run only: ~%d s "
                                  "(cached in %s)", _estimate(len(missing), total),
                                  _jit.cache_directory())
-                _exercise_every_kernel()
+                try:
+                    _exercise_every_kernel()
+                except Exception as exc:  # an optimization: never the caller's failure
+                    _log.warning("shmreplay: compiling the kernels ahead of use failed "
+                                 "(%s: %s); each compiles at its first use instead",
+                                 type(exc).__name__, exc)
+                    return WarmUp(len(missing), total, time.monotonic() - start,
+                                  _jit.cache_directory())
                 if log:
                     _log.warning("shmreplay: kernels compiled in %.1f s",
                                  time.monotonic() - start)

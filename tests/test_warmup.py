@@ -19,9 +19,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import _names
+import shmreplay
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +59,8 @@ tables = [shmreplay.Table("p", selectors.Prioritized(1.0), selectors.Fifo(), 100
           shmreplay.Table("u", selectors.Lifo(), selectors.MaxHeap(), 100,
                           rate_limiters.MinSize(1), max_times_sampled=2),
           shmreplay.Table("s", selectors.MinHeap(), selectors.Fifo(), 100,
+                          rate_limiters.MinSize(1)),
+          shmreplay.Table("frames", selectors.Uniform(), selectors.Fifo(), 100,
                           rate_limiters.MinSize(1))]
 with shmreplay.Server(tables, name=sys.argv[1]) as server:
     client = shmreplay.Client(server.name)
@@ -76,6 +80,8 @@ with shmreplay.Server(tables, name=sys.argv[1]) as server:
                                                   writer.history.reward[-2]))
         writer.end_episode(timeout_ms=5000)
     client.sample_batch("s", 2, timeout=5)
+    client.insert_batch(np.zeros((50, 64, 64), np.uint8), priorities={"frames": 1.0})
+    client.sample_batch("frames", 100, timeout=5)  # 400 KiB: a batch in fresh arrays
     client.server_info()
     client.verify("p")
     client.checkpoint(os.path.join(tempfile.mkdtemp(), "c.ckpt"))
@@ -113,6 +119,7 @@ def test_a_cold_machine_compiles_once_and_then_no_process_compiles():
         # Exactly one process compiled; it said so, with an estimate.
         assert len(compiling) == 1, results
         assert "compiling kernels, first run only: ~" in compiling[0][1]
+        assert "failed" not in compiling[0][1], compiling[0][1]
         for compiled, err in results:
             if not compiled:  # it waited for the compiling one (and may have said so)
                 assert "first run only: ~" not in err, err
@@ -227,6 +234,27 @@ def test_the_lock_is_reentrant_and_a_symlinked_lock_file_is_not_followed(tmp_pat
         finally:
             os.close(fd)
     assert _jit._state["depth"] == 0 and _jit._state["fd"] is None
+
+
+def test_a_failing_warm_up_does_not_fail_the_server(monkeypatch, buffer_name, caplog):
+    """Compiling ahead is an optimization: if the scratch run fails (say /dev/shm is
+    full), the Server is still created and its kernels compile at first use."""
+    from shmreplay import _warmup
+    from shmreplay._kernels import _jit
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_warmup, "_complete", False)
+    monkeypatch.setattr(_jit, "uncached", lambda: ["a kernel"])
+    monkeypatch.setattr(_warmup, "_call_every_kernel", full)
+    with caplog.at_level("WARNING", logger="shmreplay"):
+        with shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name) as server:
+            client = server.localhost_client()
+            client.insert(np.zeros(2), {"q": 1.0}, timeout=5)
+            assert client.sample_batch("q", 1, timeout=5).data.shape == (1, 2)
+            client.close()
+    assert "compiling the kernels ahead of use failed (OSError" in caplog.text
 
 
 def test_importing_shmreplay_loads_no_numba():

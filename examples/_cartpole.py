@@ -27,6 +27,7 @@ import queue
 import signal
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -233,6 +234,9 @@ def main(learner, description, default_name, target, argv=None):
         interrupted, exit_code = "Ctrl-C", 128 + signal.SIGINT
     except _Terminated:
         interrupted, exit_code = "SIGTERM", 128 + signal.SIGTERM
+    except Exception as exc:  # the traceback, then the usual ending
+        traceback.print_exc()
+        run.failure = f"{type(exc).__name__}: {exc}"
     finally:
         # Workers first (each notices the stop within about a second), then the buffer.
         # A second Ctrl-C or SIGTERM must not abandon the children.
@@ -254,7 +258,7 @@ def main(learner, description, default_name, target, argv=None):
               "imports included", flush=True)
     else:
         print(f"error: not solved: {run.why_not()}", file=sys.stderr, flush=True)
-    left = _leftovers(args.name)
+    left = _leftovers(args.name) if server is not None else []
     if left:
         print(f"error: left behind in /dev/shm: {left}", file=sys.stderr, flush=True)
         exit_code = exit_code or 1

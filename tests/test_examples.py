@@ -10,6 +10,7 @@
 """
 
 import ast
+import io
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -177,6 +179,35 @@ DOC_SCRIPTS = [(page, file_name, source) for page in DOC_PAGES if page.exists()
                for file_name, source in _scripts(page)]
 
 
+def _with_names_of_this_run(source):
+    """``source`` with each buffer name it gives in a string literal (``Server(...,
+    name="quickstart")``, ``Client("quickstart")``) replaced, everywhere that literal
+    appears, by a unique name of this test run. Under its own name, the snippet would
+    collide with another run of this suite on the machine, or a user's buffer."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            call = getattr(node.func, "attr", getattr(node.func, "id", None))
+            given = [kw.value for kw in node.keywords if kw.arg == "name" and call == "Server"]
+            given += node.args[:1] if call == "Client" else []
+            names |= {arg.value for arg in given
+                      if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+    unique = {name: _names.unique(name) for name in names}
+    lines = source.splitlines(keepends=True)
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    for token in reversed(tokens):  # from the end: earlier columns stay valid
+        if token.type != tokenize.STRING or token.start[0] != token.end[0]:
+            continue
+        try:
+            value = ast.literal_eval(token.string)
+        except ValueError:  # an f-string
+            continue
+        if isinstance(value, str) and value in unique:
+            row, start, end = token.start[0] - 1, token.start[1], token.end[1]
+            lines[row] = lines[row][:start] + f'"{unique[value]}"' + lines[row][end:]
+    return "".join(lines)
+
+
 @pytest.mark.parametrize("page", DOC_PAGES, ids=[page.name for page in DOC_PAGES])
 def test_doc_page_has_runnable_snippets(page):
     assert page.exists(), f"{page} is missing"
@@ -188,6 +219,7 @@ def test_doc_page_has_runnable_snippets(page):
                          ids=[f"{page.name}:{file_name}" for page, file_name, _ in DOC_SCRIPTS])
 def test_docs_snippet_runs(tmp_path, page, file_name, source):
     before = _segments()
+    source = _with_names_of_this_run(source)
     script = tmp_path / file_name
     script.write_text(source)
     with subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -202,8 +234,8 @@ def test_docs_snippet_runs(tmp_path, page, file_name, source):
             raise
     assert proc.returncode == 0, (
         f"{page.name} ({file_name}) failed:\n{stdout}\n{stderr}")
-    # What the snippet may have made: buffers named by its string literals, and unnamed
-    # ones of its process.
+    # What the snippet may have made: buffers named by its string literals (the names of
+    # this run above among them), and unnamed ones of its process.
     names = {node.value for node in ast.walk(ast.parse(source))
              if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     assert not _objects_of(names, [proc.pid]) - before, (

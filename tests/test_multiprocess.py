@@ -198,7 +198,7 @@ def test_blocked_sampler_in_another_process_wakes_promptly_on_insert(buffer_name
             with W.processes(child):
                 assert ready.wait(20)
                 # The child is really asleep in sample_batch: registered as a waiter.
-                assert W.wait_until(lambda: engine.ctrl[L.C_ITEMS_WAITERS] >= 1, 5)
+                assert W.wait_until(lambda: engine.ctrl[L.C_ITEMS_WAITERS] >= 1, 60)
                 time.sleep(0.2)
                 assert queue.empty()
                 inserted_at = time.monotonic()
@@ -230,7 +230,7 @@ def test_blocked_inserter_in_another_process_wakes_promptly_on_sample(buffer_nam
                                   args=(server.name, "q", 3, 10, ready, queue))
             with W.processes(child):
                 assert ready.wait(20)
-                assert W.wait_until(lambda: engine.ctrl[L.C_SPACE_WAITERS] >= 1, 5)
+                assert W.wait_until(lambda: engine.ctrl[L.C_SPACE_WAITERS] >= 1, 60)
                 time.sleep(0.2)
                 assert queue.empty()
                 sampled_at = time.monotonic()

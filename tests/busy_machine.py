@@ -78,8 +78,8 @@ class _Churner:
         self.interval = interval
         self.pid = os.getpid()
         self.n = 0
-        self.transient = []  # [(kind, handle)], oldest first
-        self.permanent = []
+        self.transient = []  # one [(kind, handle), ...] per object made, oldest first
+        self.permanent = []  # the same, for the objects that live all run
         self.created = self.removed = 0
         self.stopping = False  # set by SIGTERM/SIGINT: stop between two steps, never inside one
         self.shmreplay = None
@@ -144,6 +144,9 @@ class _Churner:
                     handle.stop()
             except self.ipc.ExistentialError:
                 pass  # someone removed it (a `shmreplay gc` that thought it dead)
+            except Exception as exc:  # keep churning; the sweep at exit removes leftovers
+                print(f"busy_machine: churner could not remove {kind} {handle}: {exc!r}",
+                      file=sys.stderr, flush=True)
         self.removed += 1
 
     def run(self):

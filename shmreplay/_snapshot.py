@@ -7,6 +7,7 @@ into memory prepared beforehand; nothing else happens under it.
 
 import dataclasses
 import gc
+import itertools
 import signal
 import threading
 import time
@@ -58,14 +59,15 @@ def snapshot_table(engine) -> TableSnapshot:
     between the lock and the ``try`` could leave the lock held by a live process.
     """
     room = rows_room = 0
-    while True:
+    for attempt in itertools.count():
         engine.has_columns()
         storage = engine.storage
-        room = max(room, _room(engine.ctrl[L.C_SIZE] + engine.ctrl[L.C_PENDING], engine.capacity))
+        room = max(room, _room(engine.ctrl[L.C_SIZE] + engine.ctrl[L.C_PENDING],
+                               engine.capacity, attempt))
         steps = storage is not None and storage.steps
         if steps:
             rows_room = max(rows_room, _room(engine.ctrl[L.C_ROW_FRESH],
-                                             int(engine.ctrl[L.C_ROW_CAPACITY])))
+                                             int(engine.ctrl[L.C_ROW_CAPACITY]), attempt))
         out = _Outputs(engine, room, rows_room)
         with _HeldQuietly():
             started = time.perf_counter()
@@ -88,7 +90,7 @@ def snapshot_table(engine) -> TableSnapshot:
         if count is None:
             continue
         if count <= _TOO_SMALL:
-            room = -count + _TOO_SMALL + 1024
+            room = _room(-count + _TOO_SMALL, engine.capacity, attempt + 1)
             continue
         if count < 0:
             engine._raise_status(count)
@@ -173,9 +175,14 @@ _STOP_SIGNALS = {signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 _TOO_SMALL = -1000  # hold_items: -(count + 1000) when the outputs have too little room
 
 
-def _room(count, limit) -> int:
-    """Rows to prepare for ``count`` items or rows, with a margin for ones added meanwhile."""
-    return int(min(limit, count + max(1024, count // 16)))
+def _room(count, limit, attempt) -> int:
+    """Rows to prepare for ``count`` items or rows, with a margin for ones added meanwhile.
+
+    The margin doubles with each attempt, so a snapshot finishes even while inserts
+    outrun its preparation (a fixed margin retried for as long as they did); at
+    ``limit`` every item fits.
+    """
+    return int(min(limit, count + (max(1024, count // 16) << min(attempt, 40))))
 
 
 class _Outputs:

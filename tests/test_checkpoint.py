@@ -395,12 +395,22 @@ def test_a_path_ending_in_a_slash_is_a_new_directory(buffer_name, tmp_path):
 # --- checkpoints while the buffer is in use, and a writer killed mid-way -----------------
 
 
-def _actor(name, first, count, started):
+def _actor(name, first, count, started, stop):
+    """Inserts ids ``first, first + 1, ...`` until ``stop`` is set (at most ``count``), in
+    bursts of 10 with 10 ms pauses: at most 1,000 items/s. Unpaced, two actors filled the
+    table (30,000) in a fraction of a second, and a checkpoint on a busy machine came too
+    late to see it filling; and a checkpoint prepares its copy for the size it saw plus
+    1,024 rows, starting over if the table outgrew that meanwhile, so it cannot complete
+    while inserts outrun its preparation. Paced, the table fills in no less than 15 s."""
     client = shmreplay.Client(name)
     started.set()
     for i in range(first, first + count):
         client.insert({"obs": np.full(256, i, np.float32), "id": np.int64(i)}, {"t": 1.0},
                       timeout=10)
+        if i % 10 == 9:
+            if stop.is_set():
+                break
+            time.sleep(0.01)
     client.close()
 
 
@@ -408,8 +418,9 @@ def test_checkpoints_taken_while_actors_insert_are_consistent(buffer_name, tmp_p
     table = shmreplay.Table("t", selectors.Prioritized(0.5), selectors.Fifo(), 30000,
                             rate_limiters.MinSize(1))
     with shmreplay.Server([table], name=buffer_name) as server:
-        started = [SPAWN.Event() for _ in range(2)]
-        actors = [SPAWN.Process(target=_actor, args=(server.name, k * 100000, 20000, started[k]))
+        started, stop = [SPAWN.Event() for _ in range(2)], SPAWN.Event()
+        actors = [SPAWN.Process(target=_actor,
+                                args=(server.name, k * 100000, 20000, started[k], stop))
                   for k in range(2)]
         for actor in actors:
             actor.start()
@@ -423,6 +434,7 @@ def test_checkpoints_taken_while_actors_insert_are_consistent(buffer_name, tmp_p
             for n in range(3):
                 paths.append(client.checkpoint(str(tmp_path / f"c{n}.ckpt")))
         finally:
+            stop.set()
             for actor in actors:
                 actor.join(60)
         assert [actor.exitcode for actor in actors] == [0, 0]

@@ -143,6 +143,10 @@ _CTRL_Z_DURING_HOLD = textwrap.dedent("""
     from shmreplay import _snapshot
 
     name, path = sys.argv[1:3]
+    # Linux discards Ctrl-Z (SIGTSTP) sent to an orphaned process group, and the test's
+    # group is orphaned when the run was started detached (nohup, setsid, a CI runner):
+    # a group of our own, whose parent (the test) is in this session, never is.
+    os.setpgid(0, 0)
     copy_held = _snapshot._copy_held
 
     def copy_and_press_ctrl_z(*args):

@@ -9,6 +9,8 @@
   file (``# actors.py``): that one is a complete program and runs on its own.
 """
 
+import ast
+import io
 import os
 import re
 import signal
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,21 @@ def _segments(prefix="shmreplay"):
     if not SHM.is_dir():
         return set()
     return {name for name in os.listdir(SHM) if name.startswith(prefix)}
+
+
+def _objects_of(names=(), pids=()):
+    """The /dev/shm entries of buffers ``names`` and of the unnamed buffers
+    (``srv-<pid>-...``) that processes ``pids`` made: what the program under test may
+    have left. Anything else in /dev/shm is another program's, created or removed at
+    any time (another test run, a user's job), and not ours to judge."""
+    exact = {f"{sem}shmreplay.{name}" for name in names for sem in ("", "sem.")}
+    unnamed = tuple(f"{sem}shmreplay.srv-{pid}-" for pid in pids for sem in ("", "sem."))
+    def buffer_of(entry):  # "shmreplay.x.t3" (a data segment) -> "shmreplay.x"
+        head, _, table = entry.rpartition(".t")
+        return head if head and table.isdigit() else entry
+
+    return {entry for entry in _segments("")
+            if buffer_of(entry) in exact or entry.startswith(unnamed)}
 
 
 def _rates(output):
@@ -90,7 +108,7 @@ def test_demo_runs_reports_rates_and_cleans_up():
     assert all(int(v.replace(",", "")) > 0 for v in summary.groups()), output
     assert "nothing left in /dev/shm" in proc.stdout, output
     assert not _segments(f"shmreplay.{name}"), output
-    assert not _segments() - before, output
+    assert not _objects_of([name]) - before, output
 
 
 @pytest.mark.slow
@@ -127,7 +145,7 @@ def test_demo_stops_cleanly_on_ctrl_c():
     assert "stopped early by Ctrl-C" in output, output
     assert not _wait_until_gone(proc.pid), f"workers outlived the demo:\n{output}"
     assert not _segments(f"shmreplay.{name}"), output
-    assert not _segments() - before, output
+    assert not _objects_of([name], [proc.pid]) - before, output
 
 
 # --- the documentation's snippets ----------------------------------------------------------
@@ -161,6 +179,35 @@ DOC_SCRIPTS = [(page, file_name, source) for page in DOC_PAGES if page.exists()
                for file_name, source in _scripts(page)]
 
 
+def _with_names_of_this_run(source):
+    """``source`` with each buffer name it gives in a string literal (``Server(...,
+    name="quickstart")``, ``Client("quickstart")``) replaced, everywhere that literal
+    appears, by a unique name of this test run. Under its own name, the snippet would
+    collide with another run of this suite on the machine, or a user's buffer."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            call = getattr(node.func, "attr", getattr(node.func, "id", None))
+            given = [kw.value for kw in node.keywords if kw.arg == "name" and call == "Server"]
+            given += node.args[:1] if call == "Client" else []
+            names |= {arg.value for arg in given
+                      if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+    unique = {name: _names.unique(name) for name in names}
+    lines = source.splitlines(keepends=True)
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    for token in reversed(tokens):  # from the end: earlier columns stay valid
+        if token.type != tokenize.STRING or token.start[0] != token.end[0]:
+            continue
+        try:
+            value = ast.literal_eval(token.string)
+        except ValueError:  # an f-string
+            continue
+        if isinstance(value, str) and value in unique:
+            row, start, end = token.start[0] - 1, token.start[1], token.end[1]
+            lines[row] = lines[row][:start] + f'"{unique[value]}"' + lines[row][end:]
+    return "".join(lines)
+
+
 @pytest.mark.parametrize("page", DOC_PAGES, ids=[page.name for page in DOC_PAGES])
 def test_doc_page_has_runnable_snippets(page):
     assert page.exists(), f"{page} is missing"
@@ -172,12 +219,24 @@ def test_doc_page_has_runnable_snippets(page):
                          ids=[f"{page.name}:{file_name}" for page, file_name, _ in DOC_SCRIPTS])
 def test_docs_snippet_runs(tmp_path, page, file_name, source):
     before = _segments()
+    source = _with_names_of_this_run(source)
     script = tmp_path / file_name
     script.write_text(source)
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=SNIPPET_TIMEOUT,
+    with subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+                              filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=SNIPPET_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
     assert proc.returncode == 0, (
-        f"{page.name} ({file_name}) failed:\n{proc.stdout}\n{proc.stderr}")
-    assert not _segments() - before, f"{page.name} ({file_name}) left shared memory behind"
+        f"{page.name} ({file_name}) failed:\n{stdout}\n{stderr}")
+    # What the snippet may have made: buffers named by its string literals (the names of
+    # this run above among them), and unnamed ones of its process.
+    names = {node.value for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not _objects_of(names, [proc.pid]) - before, (
+        f"{page.name} ({file_name}) left shared memory behind")

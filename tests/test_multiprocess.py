@@ -72,7 +72,11 @@ def test_an_insert_into_several_tables_holds_none_while_it_waits(buffer_name):
                                   args=(server.name, ("A", "B"), [1], queue))
             with W.processes(child):
                 W.get(queue, 30, "ready")
-                time.sleep(0.5)  # the child now waits for B
+                # Once the child waits for B (a waiter there), A must be free. (A fixed
+                # sleep could end, on a busy machine, before the child even tried.)
+                B = client._engine("B")
+                assert W.wait_until(lambda: B.ctrl[L.C_SPACE_WAITERS] >= 1, 60), \
+                    "the child never waited for B"
                 client.insert(np.int64(200), {"A": 1.0}, timeout=2)
                 assert client.sample_batch("A", 1, timeout=2).data.tolist() == [200]
                 assert client.sample_batch("B", 1, timeout=2).data.tolist() == [100]
@@ -194,7 +198,7 @@ def test_blocked_sampler_in_another_process_wakes_promptly_on_insert(buffer_name
             with W.processes(child):
                 assert ready.wait(20)
                 # The child is really asleep in sample_batch: registered as a waiter.
-                assert W.wait_until(lambda: engine.ctrl[L.C_ITEMS_WAITERS] >= 1, 5)
+                assert W.wait_until(lambda: engine.ctrl[L.C_ITEMS_WAITERS] >= 1, 60)
                 time.sleep(0.2)
                 assert queue.empty()
                 inserted_at = time.monotonic()
@@ -226,7 +230,7 @@ def test_blocked_inserter_in_another_process_wakes_promptly_on_sample(buffer_nam
                                   args=(server.name, "q", 3, 10, ready, queue))
             with W.processes(child):
                 assert ready.wait(20)
-                assert W.wait_until(lambda: engine.ctrl[L.C_SPACE_WAITERS] >= 1, 5)
+                assert W.wait_until(lambda: engine.ctrl[L.C_SPACE_WAITERS] >= 1, 60)
                 time.sleep(0.2)
                 assert queue.empty()
                 sampled_at = time.monotonic()

@@ -32,10 +32,11 @@ import numpy as np
 
 _log = logging.getLogger("shmreplay")
 
-# Compile time of every kernel in one process with the machine otherwise idle, on the
-# reference machine (2-core VM, benchmarks/results/startup.json); the estimate scales it
-# by the share of kernels missing and by how busy the CPUs are.
-_FULL_COMPILE_SECONDS = 16.0
+# Compiling every kernel in one process on an idle 2-core VM took 25.6 and 26.4 s
+# (benchmarks/results/startup.json). The estimate scales it by the share of kernels
+# missing and by the compiling process's share of the CPUs: it is single-threaded, and
+# competes with the load average's runnable processes.
+_FULL_COMPILE_SECONDS = 25.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +107,10 @@ _complete = False  # this process found (or made) the cache complete
 
 def _estimate(missing: int, total: int) -> int:
     try:
-        busy = os.getloadavg()[0] / (os.cpu_count() or 1)
+        slowdown = (os.getloadavg()[0] + 1) / (os.cpu_count() or 1)
     except OSError:
-        busy = 0.0
-    return max(1, round(_FULL_COMPILE_SECONDS * missing / total * max(1.0, busy)))
+        slowdown = 1.0
+    return max(1, round(_FULL_COMPILE_SECONDS * missing / total * max(1.0, slowdown)))
 
 
 _running = False

@@ -69,13 +69,6 @@ def learner(name, seed, stop, stats, learning_rate=1e-3):
                       timeout=5)
 
     publish()
-    # No tf.data autotuning: make_dataset sets its own parallelism and prefetch, and
-    # an iterator with autotuning has a model thread that the iterator's destructor
-    # joins. In 3 of 32 runs that join never returned (gdb: ~RootDataset::Iterator
-    # waiting for the thread in Model::OptimizeLoop), at the ``break`` below or when
-    # the process exited, and the owner had to kill the learner.
-    options = tf.data.Options()
-    options.autotune.enabled = False
     owner, steps = os.getppid(), 0
     while run_goes_on(stop, owner):
         # The dataset ends after WAIT_MS without a batch: the actors may still be
@@ -83,7 +76,6 @@ def learner(name, seed, stop, stats, learning_rate=1e-3):
         # another, for as long as the owner has not said stop.
         dataset = shmreplay_tf.make_dataset(name, "replay", batch_size=BATCH, prefetch_size=2,
                                             rate_limiter_timeout_ms=WAIT_MS)
-        dataset = dataset.with_options(options)
         for sample in dataset:
             keys, td = update(sample)
             client.update_priorities("replay", keys.numpy(), np.abs(td.numpy()) + 1e-3)

@@ -245,9 +245,16 @@ def _no_lookahead(dataset):
     """``dataset`` without the prefetch tf.data would add at the end of the pipeline:
     it takes items from the table before the consumer asks (2 chunks ahead here), so a
     queue loses them when the iterator is dropped, and ``max_in_flight`` would not
-    bound what is taken. A ``prefetch`` the user adds is still theirs."""
+    bound what is taken. A ``prefetch`` the user adds is still theirs.
+
+    And without tf.data's autotuning: these pipelines set their own parallelism and
+    prefetch, and an iterator with autotuning has a model thread that its destructor
+    joins; in 3 of 32 runs of ``examples/tf_dqn.py`` that join never returned (gdb:
+    ``~RootDataset::Iterator`` waiting in ``Model::OptimizeLoop``), at a ``break`` out
+    of the dataset or at exit. (Options the user sets later take precedence.)"""
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
+    options.autotune.enabled = False
     return dataset.with_options(options)
 
 

@@ -75,9 +75,10 @@ def _gc_only(prefix):
     are other programs' (another test run's SIGKILLed owner, which that test is about to
     look at; a buffer another program is creating right now)."""
     code = ("import sys\n"
-            "from shmreplay import cli\n"
-            "every_name = cli._buffer_names\n"
-            "cli._buffer_names = lambda: [n for n in every_name() if n.startswith(sys.argv[1])]\n"
+            "from shmreplay import _peek, cli\n"
+            "every = _peek.segments\n"
+            "_peek.segments = lambda: {n: e for n, e in every().items()\n"
+            "                          if n.startswith(sys.argv[1])}\n"
             "sys.exit(cli.main(['gc']))\n")
     result = subprocess.run([sys.executable, "-c", code, prefix], capture_output=True,
                             text=True, timeout=60)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import _names
+import _waiting
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -113,22 +114,6 @@ def test_a_run_that_misses_its_target_exits_1_and_says_why():
     assert not _leftovers(name), output
 
 
-def _session_processes(sid):
-    """Processes still alive in session ``sid`` (the demo and its workers)."""
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != b"Z":  # fields[3] is the session id
-            alive.append(int(entry))
-    return alive
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_stopped_run_stops_its_workers_and_removes_the_buffer(how):
@@ -167,7 +152,7 @@ def test_a_stopped_run_stops_its_workers_and_removes_the_buffer(how):
     assert "Traceback" not in output, output
     assert RESULT.search(lines[-1]), output
     deadline = time.monotonic() + 15
-    while _session_processes(proc.pid) and time.monotonic() < deadline:
+    while _waiting.session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _session_processes(proc.pid), f"workers outlived the demo:\n{output}"
+    assert not _waiting.session_processes(proc.pid), f"workers outlived the demo:\n{output}"
     assert not _leftovers(name), output

@@ -17,12 +17,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import tokenize
 from pathlib import Path
 
 import pytest
 import _names
+import _waiting
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.py"
@@ -62,29 +62,6 @@ def _rates(output):
     """(inserts/s, samples/s, table size) of every progress line."""
     return [tuple(int(v.replace(",", "")) for v in match.groups()[1:])
             for match in PROGRESS.finditer(output)]
-
-
-def _session_processes(sid):
-    """Processes still alive in session ``sid`` (the demo and its workers)."""
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != b"Z":  # fields[3] is the session id
-            alive.append(int(entry))
-    return alive
-
-
-def _wait_until_gone(sid, seconds=15.0):
-    deadline = time.monotonic() + seconds
-    while _session_processes(sid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return _session_processes(sid)
 
 
 def _demo_command(name, *args):
@@ -143,7 +120,7 @@ def test_demo_stops_cleanly_on_ctrl_c():
     assert proc.returncode == 128 + signal.SIGINT, output
     assert "Traceback" not in output, output
     assert "stopped early by Ctrl-C" in output, output
-    assert not _wait_until_gone(proc.pid), f"workers outlived the demo:\n{output}"
+    assert not _waiting.wait_until_gone(proc.pid), f"workers outlived the demo:\n{output}"
     assert not _segments(f"shmreplay.{name}"), output
     assert not _objects_of([name], [proc.pid]) - before, output
 

@@ -14,6 +14,7 @@ import shmreplay
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.jax import BatchIterator
 import _names
+import _waiting
 
 
 @contextlib.contextmanager
@@ -35,17 +36,6 @@ def fill(client, table, n, priorities=None):
     client.insert_batch({"x": np.arange(n, dtype=np.float32)[:, None] * np.ones(3, np.float32),
                          "i": np.arange(n)},
                         {table: np.ones(n) if priorities is None else priorities})
-
-
-def settled(count, target, overrun=0.5, timeout=60):
-    """``count()`` once it reached ``target`` (polled, up to ``timeout`` s: a busy machine
-    may run the prefetch thread late) and ``overrun`` s more passed, in which a thread
-    that took more than it may would have taken it."""
-    deadline = time.monotonic() + timeout
-    while count() < target and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(overrun)
-    return count()
 
 
 def test_batches_are_jax_arrays_on_the_chosen_device_with_the_items_data():
@@ -96,10 +86,10 @@ def test_prefetch_takes_at_most_prefetch_batches_ahead():
         fill(client, "p", 100)
         with BatchIterator(client, "p", 4, prefetch=3) as batches:
             next(batches)
-            sampled = settled(lambda: client.server_info()["p"].num_sampled, 4 * (1 + 3))
+            sampled = _waiting.settled(lambda: client.server_info()["p"].num_sampled, 4 * (1 + 3))
             assert sampled == 4 * (1 + 3), sampled  # the delivered one plus 3 ahead
             next(batches)
-            sampled = settled(lambda: client.server_info()["p"].num_sampled, 4 * (2 + 3))
+            sampled = _waiting.settled(lambda: client.server_info()["p"].num_sampled, 4 * (2 + 3))
             assert sampled == 4 * (2 + 3), sampled
 
 
@@ -112,7 +102,8 @@ def test_several_workers_share_max_batches_and_prefetch():
         assert client.server_info()["p"].num_sampled == 5 * 4
         with BatchIterator(client, "p", 4, prefetch=3, num_workers=2) as batches:
             next(batches)
-            sampled = settled(lambda: client.server_info()["p"].num_sampled, 5 * 4 + 4 * (1 + 3))
+            sampled = _waiting.settled(
+                lambda: client.server_info()["p"].num_sampled, 5 * 4 + 4 * (1 + 3))
             assert sampled == 5 * 4 + 4 * (1 + 3), sampled
             threads = batches._threads
         assert len(threads) == 2 and not any(thread.is_alive() for thread in threads)

@@ -13,6 +13,7 @@ from shmreplay import rate_limiters, selectors
 from shmreplay import tf as shmreplay_tf
 from shmreplay.specs import TensorSpec
 import _names
+import _waiting
 
 ITEM = {"x": np.float32, "v": np.int64}
 ITEM_SHAPES = {"x": (), "v": (3,)}
@@ -49,17 +50,6 @@ def trajectory_dataset(name, table, **kwargs):
     return shmreplay_tf.TrajectoryDataset(name, table, ITEM, ITEM_SHAPES, **kwargs)
 
 
-def settled(count, target, overrun=0.5, timeout=60):
-    """``count()`` once it reached ``target`` (polled, up to ``timeout`` s: a busy machine
-    may run the background reader late) and ``overrun`` s more passed, in which a reader
-    that took more than it may would have taken it."""
-    deadline = time.monotonic() + timeout
-    while count() < target and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(overrun)
-    return count()
-
-
 # --- TrajectoryDataset ------------------------------------------------------------------
 
 def test_elements_are_replay_samples_with_reverbs_info_dtypes():
@@ -90,7 +80,8 @@ def test_reading_takes_no_more_than_max_in_flight_items_ahead():
         fill(client, "q", range(20))
         iterator = iter(trajectory_dataset(name, "q", max_in_flight_samples_per_worker=3))
         assert float(next(iterator).data["x"]) == 0
-        taken = settled(lambda: 20 - client.server_info()["q"].current_size, 3, overrun=0.3)
+        taken = _waiting.settled(
+            lambda: 20 - client.server_info()["q"].current_size, 3, overrun=0.3)
         assert taken == 3  # max_in_flight_samples_per_worker: nothing more runs ahead
         for expected in (1, 2, 3):
             assert float(next(iterator).data["x"]) == expected
@@ -387,7 +378,8 @@ def test_make_dataset_takes_prefetch_plus_parallel_calls_batches_ahead(prefetch,
                                                   prefetch_size=prefetch,
                                                   num_parallel_calls=calls))
         next(iterator)
-        taken = settled(lambda: 100 - client.server_info()["q"].current_size, 2 * batches_taken)
+        taken = _waiting.settled(
+            lambda: 100 - client.server_info()["q"].current_size, 2 * batches_taken)
         assert taken == 2 * batches_taken
 
 

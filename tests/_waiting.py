@@ -6,6 +6,8 @@ deadline, and never sleep-then-assert.
 """
 
 import os
+import signal
+import threading
 import time
 
 
@@ -42,3 +44,36 @@ def wait_until_gone(sid, seconds=15.0):
     while session_processes(sid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return session_processes(sid)
+
+
+class OutputWatch:
+    """Reads a process's output in a thread; ``seen`` is set once a line matches.
+
+    Leaving the ``with`` block kills the process's group if it is still running (the
+    process must be started with ``start_new_session=True``) and collects its output.
+    """
+
+    def __init__(self, proc, matches):
+        self.proc, self.lines, self.seen = proc, [], threading.Event()
+
+        def read():
+            for line in proc.stdout:
+                self.lines.append(line)
+                if matches(line):
+                    self.seen.set()
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._reader.join(timeout=10)

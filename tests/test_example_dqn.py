@@ -21,8 +21,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -123,36 +121,22 @@ def test_a_stopped_run_stops_its_workers_and_removes_the_buffer(how):
     proc = subprocess.Popen([sys.executable, str(EXAMPLES / "jax_dqn.py"), "--name", name],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, env=_env())
-    lines, training = [], threading.Event()
 
-    def read():
-        for line in proc.stdout:
-            lines.append(line)
-            row = ROW.match(line)
-            if row and _number(row.group(7)) > 0:
-                training.set()
+    def training(line):
+        row = ROW.match(line)
+        return bool(row) and _number(row.group(7)) > 0
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert training.wait(180), "".join(lines)
+    with _waiting.OutputWatch(proc, training) as watch:
+        assert watch.seen.wait(180), watch.output
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(timeout=10)
-    output = "".join(lines)
+    output = watch.output
     signum = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
     assert proc.returncode == 128 + signum, output
     assert "Traceback" not in output, output
-    assert RESULT.search(lines[-1]), output
-    deadline = time.monotonic() + 15
-    while _waiting.session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _waiting.session_processes(proc.pid), f"workers outlived the demo:\n{output}"
+    assert RESULT.search(watch.lines[-1]), output
+    assert not _waiting.wait_until_gone(proc.pid), f"workers outlived the demo:\n{output}"
     assert not _leftovers(name), output

@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import tokenize
 from pathlib import Path
 
@@ -96,27 +95,11 @@ def test_demo_stops_cleanly_on_ctrl_c():
     proc = subprocess.Popen(_demo_command(name, "--seconds", "120", "--actors", "2"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    lines = []
-    first_progress = threading.Event()
-
-    def read():
-        for line in proc.stdout:
-            lines.append(line)
-            if PROGRESS.match(line):
-                first_progress.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert first_progress.wait(DEMO_TIMEOUT), "".join(lines)
+    with _waiting.OutputWatch(proc, lambda line: bool(PROGRESS.match(line))) as watch:
+        assert watch.seen.wait(DEMO_TIMEOUT), watch.output
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(timeout=10)
-    output = "".join(lines)
+    output = watch.output
     assert proc.returncode == 128 + signal.SIGINT, output
     assert "Traceback" not in output, output
     assert "stopped early by Ctrl-C" in output, output

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import shmreplay
 from shmreplay import rate_limiters, selectors
-from shmreplay import tf as shmreplay_tf
+from shmreplay import _tf_common, tf as shmreplay_tf
 from shmreplay.specs import TensorSpec
 import _names
 import _waiting
@@ -236,13 +236,13 @@ def test_datasets_accept_a_client_and_attach_like_it(monkeypatch):
     with serve(shmreplay.Table.queue("q", 20)) as (name, client):
         fill(client, "q", range(4))
         attached = []
-        real = shmreplay_tf.Client
+        real = _tf_common.Client
 
         def recording_client(address, trust_group=False):
             attached.append((address, trust_group))
             return real(address, trust_group=trust_group)
 
-        monkeypatch.setattr(shmreplay_tf, "Client", recording_client)
+        monkeypatch.setattr(_tf_common, "Client", recording_client)
         trusted = real(name, trust_group=True)
         dataset = shmreplay_tf.make_dataset(trusted, "q", batch_size=2, prefetch_size=0,
                                             rate_limiter_timeout_ms=100)

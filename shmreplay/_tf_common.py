@@ -1,0 +1,179 @@
+"""What shmreplay's tf.data datasets share: specs, options, connecting, signatures.
+
+``shmreplay.tf`` (the per-item datasets, Reverb's) and ``shmreplay._tf_batches``
+(``make_dataset`` and the tf_agents-style ``ReplayBuffer``, whole batches) both build
+on these.
+"""
+
+import time
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from shmreplay import _outputs, errors, specs
+from shmreplay.client import Client
+from shmreplay.replay_sample import INFO_DTYPES, ReplaySample, SampleInfo
+
+
+def info_spec(batch_shape=()):
+    return SampleInfo(*(tf.TensorSpec(batch_shape, tf.as_dtype(INFO_DTYPES[field]))
+                        for field in SampleInfo._fields))
+
+
+def data_spec(dtypes, shapes, batch_shape=()):
+    dtypes = as_tuples(dtypes)
+    shapes = as_tuples(shapes)
+    if any(leaf is None for leaf in specs.optree.tree_leaves(dtypes, none_is_leaf=True)):
+        raise ValueError(
+            "The items have a None value (no tensor), which tf.data cannot carry: read "
+            "them with Client.sample_batch, or leave the field out of the items.")
+    try:
+        return specs.optree.tree_map(
+            lambda dtype, shape: tf.TensorSpec(tuple(batch_shape) + tuple(shape),
+                                               tf.as_dtype(dtype)),
+            dtypes, shapes, is_leaf=is_shape)
+    except ValueError as exc:
+        raise ValueError(f"dtypes and shapes must have the same structure: {exc}") from exc
+
+
+def is_shape(x):
+    return isinstance(x, (tf.TensorShape,)) or (
+        isinstance(x, tuple) and all(isinstance(d, (int, type(None))) for d in x))
+
+
+def as_tuples(nest):
+    """Lists become tuples (tf.data treats lists as tensors), as Reverb does, at any depth
+    (inside namedtuples too)."""
+    if isinstance(nest, list):
+        return tuple(as_tuples(x) for x in nest)
+    if isinstance(nest, tuple):
+        items = [as_tuples(x) for x in nest]
+        return type(nest)(*items) if hasattr(nest, "_fields") else tuple(items)
+    if isinstance(nest, dict):
+        return {k: as_tuples(v) for k, v in nest.items()}
+    return nest
+
+
+def has_lists(nest) -> bool:
+    if isinstance(nest, list):
+        return True
+    if isinstance(nest, tuple):
+        return any(has_lists(x) for x in nest)
+    if isinstance(nest, dict):
+        return any(has_lists(x) for x in nest.values())
+    return False
+
+
+def no_lookahead(dataset):
+    """``dataset`` without the prefetch tf.data would add at the end of the pipeline:
+    it takes items from the table before the consumer asks (2 chunks ahead here), so a
+    queue loses them when the iterator is dropped, and ``max_in_flight`` would not
+    bound what is taken. A ``prefetch`` the user adds is still theirs.
+
+    And without tf.data's autotuning: these pipelines set their own parallelism and
+    prefetch, and an iterator with autotuning has a model thread that its destructor
+    joins; in 3 of 32 runs of ``examples/tf_dqn.py`` that join never returned (gdb:
+    ``~RootDataset::Iterator`` waiting in ``Model::OptimizeLoop``), at a ``break`` out
+    of the dataset or at exit. (Options the user sets later take precedence.)"""
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
+_CLIENT_TYPE = Client  # (tests replace Client to watch how workers attach)
+
+
+def plain(value, what: str):
+    """A string given as a tf.Tensor (Reverb accepts ``str|tf.Tensor``) as a str."""
+    if isinstance(value, tf.Tensor):
+        if not hasattr(value, "numpy"):
+            raise TypeError(f"{what} must be a str or an eager tf.Tensor, got the symbolic "
+                            f"{value!r}.")
+        value = value.numpy()
+    if isinstance(value, (bytes, np.bytes_)):
+        return value.decode()
+    return value
+
+
+def connect(server_address) -> Client:
+    """A new Client for a dataset worker: by name, or like the given Client."""
+    if isinstance(server_address, _CLIENT_TYPE):
+        return Client(server_address.server_address, trust_group=server_address._trust_group)
+    return Client(server_address)
+
+
+def connect_within(server_address, timeout_secs):
+    deadline = None if timeout_secs is None else time.monotonic() + timeout_secs
+    while True:
+        try:
+            return connect(server_address)
+        except errors.BufferNotFoundError:
+            if deadline is None:
+                raise
+            if time.monotonic() >= deadline:
+                raise errors.DeadlineExceededError(
+                    f"No buffer named {server_address!r} appeared within "
+                    f"{errors.seconds(timeout_secs)} (get_signature_timeout_secs).") from None
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def table_signature(server_address: str, table: str, timeout_secs: Optional[float] = None,
+                    timesteps: bool = False):
+    """``(dtypes, shapes)`` nests of a table's items (signature, or the first item's).
+
+    ``timeout_secs``: how long to wait for the buffer to exist (its owner may start
+    later); None: it must exist now. ``timesteps``: the shapes of one timestep (what
+    ``TimestepDataset`` takes): without a signature, the items' shapes lose their time
+    dimension when they are sequence items.
+
+    Raises:
+      ValueError: no such table, or nothing says what its items look like yet.
+      BufferNotFoundError: no such buffer (``timeout_secs`` None).
+      DeadlineExceededError: no such buffer within ``timeout_secs``.
+    """
+    server_address = plain(server_address, "server_address")
+    table = plain(table, "table")
+    client = connect_within(server_address, timeout_secs)
+    try:
+        buffer = client._buffer
+        engine = buffer.by_name.get(table)
+        if engine is None:
+            raise ValueError(
+                f"Server at {server_address} does not contain any table named {table}. "
+                f"Found: {', '.join(sorted(buffer.by_name))}.")
+        layout = engine.known_layout()
+        if layout is None:
+            raise ValueError(f"Table {table} at {server_address} does not have a signature "
+                             "(and no item fixed its shapes yet).")
+        treedef, column_specs, _ = layout
+        shapes = [tuple(s.shape) for s in column_specs]
+        if (timesteps and engine.config.signature is None and engine.has_columns()
+                and engine.storage.steps):
+            # Shapes from the items (no signature): one timestep is a sequence item's
+            # columns without their time dimension. A signature is taken as it is, as
+            # Reverb does, so the dataset is the same whenever it is made.
+            shapes = [shape if column.squeeze else shape[1:]
+                      for shape, column in zip(shapes, engine.storage.columns)]
+        dtypes = specs.optree.tree_unflatten(treedef, [s.dtype for s in column_specs])
+        return dtypes, specs.optree.tree_unflatten(treedef, shapes)
+    finally:
+        client.close()
+
+
+def zero_copy(sample):
+    """``sample`` with its large data leaves as tensors sharing their memory (DLPack).
+
+    ``from_generator`` would otherwise copy every array into a new tensor: 7 MB for 256
+    Atari frames, about 200 us, plus page faults on TensorFlow's fresh allocation. The
+    tensor keeps the array (and its pooled block, see ``shmreplay._outputs``) alive.
+    """
+    return ReplaySample(sample.info, specs.optree.tree_map(_shared_tensor, sample.data))
+
+
+def _shared_tensor(leaf):
+    if (leaf.nbytes < _outputs.POOL_FROM or leaf.dtype.kind not in "iuf"
+            or leaf.ctypes.data % _outputs.ALIGN or not leaf.flags.c_contiguous):
+        return leaf
+    return tf.experimental.dlpack.from_dlpack(leaf.__dlpack__())

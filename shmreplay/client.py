@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from shmreplay import _buffer, _inputs, errors, specs
+from shmreplay import _buffer, _inputs, _item_forms, errors, specs
 from shmreplay._kernels import table as kernels
 from shmreplay._table import TableEngine
 from shmreplay.replay_sample import ReplaySample, SampleInfo
@@ -266,15 +266,23 @@ class Client:
                ) -> Iterator:
         """Yields ``num_samples`` samples, one at a time (Reverb's ``Client.sample``).
 
-        With ``emit_timesteps=True`` each sample is a list of one ``ReplaySample`` per
-        timestep of the item (an item from ``insert`` is one timestep); otherwise a
-        single ``ReplaySample`` holding the whole item: sequence columns ``[T, ...]``,
-        and items from ``insert`` with a leading time dimension of 1 (as in Reverb).
-        ``info`` fields are Python scalars. For training loops use ``sample_batch``.
+        As in Reverb, ``data`` is the **flat list** of the item's columns (in
+        ``tree.flatten`` order: dict keys sorted) unless ``unpack_as_table_signature``
+        is True; then it is the item's nest. Columns come as Reverb stores them: an
+        item from ``insert``, from the legacy ``Writer`` or from ``[-n:]`` windows has
+        a time dimension (``[1, ...]`` for ``insert``); a squeezed ``history[k][-1]``
+        column has none.
+
+        With ``emit_timesteps=False`` each sample is one ``ReplaySample``. With
+        ``emit_timesteps=True`` (the default) each is a list of one ``ReplaySample``
+        per timestep: every column is split along its first dimension, and all
+        columns must have the same length. ``info`` fields are Python scalars. For
+        training loops use ``sample_batch``.
 
         Raises:
           TableNotFoundError: unknown table (on the first ``next``).
-          DeadlineExceededError: a sample was not allowed within ``timeout``.
+          DeadlineExceededError: a sample was not allowed within ``timeout``
+            (shmreplay's addition: Reverb's waits forever).
           ValueError: ``emit_timesteps=True`` on items whose columns differ in length
             ("Can't split non timestep trajectory into timesteps.").
         """
@@ -284,18 +292,17 @@ class Client:
             engine = self._engine(table)
             batch = engine.sample(1, timeout)
             info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
-            steps = engine.storage.steps
+            columns = _item_forms.reverb_columns(engine, batch)
+            unflatten = _item_forms.unflattener(engine) if unpack_as_table_signature else list
             if not emit_timesteps:
-                # Whole items keep the batch dimension as their time dimension of 1.
-                yield ReplaySample(info, _unbatch(batch.data) if steps else batch.data)
+                yield ReplaySample(info, unflatten(columns))
                 continue
-            item = _unbatch(batch.data)
-            length = _timesteps(engine.storage)
-            if length is None:
-                yield [ReplaySample(info, item)]
-            else:
-                yield [ReplaySample(info, specs.optree.tree_map(lambda leaf: leaf[t], item))
-                       for t in range(length)]
+            # Reverb splits every column along its first dimension (a squeezed column
+            # included) and refuses columns of different lengths.
+            if len({len(column) for column in columns}) != 1:
+                raise ValueError("Can't split non timestep trajectory into timesteps.")
+            yield [ReplaySample(info, unflatten([column[t, ...] for column in columns]))
+                   for t in range(len(columns[0]))]
 
     # --- priorities and lifecycle ---------------------------------------------------------
 
@@ -450,28 +457,6 @@ def _not_found(name: str, exc) -> str:
 
 
 # --- input conversion ----------------------------------------------------------------------
-
-
-def _unbatch(data):
-    return specs.optree.tree_map(lambda leaf: leaf[0], data)
-
-
-def _timesteps(storage):
-    """The number of timesteps of the table's items, None for items without a time
-    dimension (whole items, or all columns squeezed).
-
-    Raises:
-      ValueError: the columns have different lengths (or some are squeezed).
-    """
-    if not storage.steps:
-        return None
-    squeezed = [column.squeeze for column in storage.columns]
-    if all(squeezed):
-        return None
-    lengths = {column.length for column in storage.columns}
-    if any(squeezed) or len(lengths) != 1:
-        raise ValueError("Can't split non timestep trajectory into timesteps.")
-    return lengths.pop()
 
 
 def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):

@@ -311,7 +311,8 @@ def test_timeout_and_oversized_batches_leave_the_table_unchanged(populated):
         for bad in (0, -3, 1.5, 0.0):
             with pytest.raises(ValueError, match=all_of("batch_size", str(bad))):
                 client.sample_batch("sig", batch_size=bad, timeout=1)
-    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1)]
+    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1,
+                                                              unpack_as_table_signature=True)]
     assert got == [9, 1, 2]
     assert_sig_contents(client)
 
@@ -358,7 +359,8 @@ def test_timed_out_inserts_leave_no_reservation_behind(populated):
     client.insert(item(4), priorities={"q": 1.0}, timeout=0.5)
     with pytest.raises(errors.DeadlineExceededError):
         client.insert(item(5), priorities={"q": 1.0}, timeout=0.05)
-    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1)]
+    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1,
+                                                              unpack_as_table_signature=True)]
     assert got == [1, 2, 4]
 
 

@@ -49,7 +49,7 @@ from shmreplay._kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -236,6 +236,7 @@ class DataPlan:
     width: int             # references per item (0 when items are stored whole)
     stores: List[int]      # byte offset of each store
     total_bytes: int
+    forms: int = 0         # byte offset of the int64 [capacity, 2] item forms
 
 
 def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
@@ -249,6 +250,10 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
         rows    int32 [row_capacity, ROW_FIELDS]
         refs    int32 [capacity, width]
         store i [row_capacity, *cell_shape]
+
+    Either kind ends with ``forms``: int64 [capacity, 2], per slot the key of an item
+    stored in another form than the table's usual one and which columns differ (see
+    ``shmreplay._item_forms``); an entry whose key is not the slot's item means none.
     """
     offset = _align(DATA_HEADER_SIZE + schema_len, 4096)
     width = storage.width
@@ -262,8 +267,10 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
         stores.append(offset)
         row = int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
         offset = _align(offset + row_capacity * row)
+    forms = offset
+    offset = _align(forms + capacity * 2 * 8)
     return DataPlan(DATA_HEADER_SIZE, row_capacity, rows, refs, width, stores,
-                    _align(max(offset, 4096), 4096))
+                    _align(max(offset, 4096), 4096), forms)
 
 
 def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
@@ -273,6 +280,11 @@ def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
         views.append(np.frombuffer(buf, spec.dtype, count, offset)
                      .reshape((plan.row_capacity,) + spec.shape))
     return views
+
+
+def forms_view(buf, plan: DataPlan, capacity: int) -> np.ndarray:
+    """The ``[capacity, 2]`` item forms: ``(key, flipped columns)`` per slot."""
+    return np.frombuffer(buf, np.int64, capacity * 2, plan.forms).reshape(capacity, 2)
 
 
 def step_views(buf, plan: DataPlan, capacity: int):

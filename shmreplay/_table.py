@@ -279,6 +279,7 @@ class TableEngine:
         self.column_specs, self.treedef = specs.flatten(storage.signature)
         self.paths = specs.path_strings(self.treedef)
         self.refs, self.rows = L.step_views(segment.buf, plan, self.capacity)
+        self.forms = L.forms_view(segment.buf, plan, self.capacity)  # see _item_forms
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.columns = L.store_views(segment.buf, plan, storage.store_specs)
         # For the fast input checks: numpy's own dtype objects, so that ``is`` compares

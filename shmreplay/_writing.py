@@ -17,7 +17,8 @@ from typing import List, Optional
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _inputs, _storage, errors, specs
+from shmreplay import _inputs, _item_forms, errors, specs
+from shmreplay._item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._kernels import table as kernels
 from shmreplay._table import _PID
 
@@ -84,26 +85,6 @@ class ItemColumn:
         self.source = source
 
 
-def check_column(column: ItemColumn, table: str, where: str):
-    """Every reference of a column must hold values of one shape and dtype."""
-    first = column.refs[0]
-    for ref in column.refs:
-        if ref.value.dtype != first.value.dtype or ref.value.shape != first.value.shape:
-            raise errors.SchemaError(
-                f"Table '{table}', column {where}: its steps mix {first.value.dtype}"
-                f"{list(first.value.shape)} and {ref.value.dtype}{list(ref.value.shape)}.")
-
-
-def item_specs(columns: List[ItemColumn]):
-    """The TensorSpec each column of the item is sampled with (no batch dimension)."""
-    out = []
-    for column in columns:
-        ref = column.refs[0]
-        shape = ref.value.shape if column.squeeze else (len(column.refs),) + ref.value.shape
-        out.append(specs.TensorSpec(shape, ref.value.dtype))
-    return out
-
-
 class TableRows:
     """One writer's view of one table.
 
@@ -129,11 +110,12 @@ class ItemPlan:
     """How items of one shape go into one table: per column, its store and whether its
     steps are shared with other items (the store holds the field the column reads)."""
 
-    __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "_uniform_refs",
-                 "_scratch")
+    __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "form",
+                 "_uniform_refs", "_scratch")
 
-    def __init__(self, storage, columns: List[ItemColumn]):
+    def __init__(self, storage, columns: List[ItemColumn], form: int = 0):
         self.steps = storage.steps
+        self.form = form  # which one-step columns Reverb's calls see flipped
         self.columns = []
         if self.steps:
             for column, stored in zip(columns, storage.columns):
@@ -201,77 +183,14 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
     engine = rows.engine
     proposal = validate_item(engine, treedef, columns, paths, per_step)
     if proposal is not None:
-        _check_rows_fit(engine, proposal, columns)
+        check_rows_fit(engine, proposal, columns)
         engine.define_storage(proposal)
         validate_item(engine, treedef, columns, paths, per_step)
-    plan = ItemPlan(engine.storage, columns)
+    plan = ItemPlan(engine.storage, columns,
+                    item_form(engine, columns, item_specs(columns), paths))
     if all(c.source is not None for c in columns):  # mixed columns: checked every time
         rows.plans[key] = plan
     return plan
-
-
-def _check_rows_fit(engine, storage, columns: List[ItemColumn]):
-    """Raises SchemaError, before a table's first item fixes its storage, if that item
-    needs more step rows than the storage would have (a row per distinct step of the
-    shared columns, one per reference of a mixed column)."""
-    shared = {ref.uid for column in columns if column.source is not None
-              for ref in column.refs}
-    needed = len(shared) + sum(len(c.refs) for c in columns if c.source is None)
-    rows = engine.capacity * storage.steps_per_item
-    if needed > rows:
-        raise errors.SchemaError(
-            f"Table '{engine.name}': the item references {needed} distinct steps, more "
-            f"than the step storage it would define can hold ({rows} rows, sized for "
-            f"{storage.steps_per_item} steps per item). Nothing was stored.")
-
-
-def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str],
-                  per_step: bool = False):
-    """Checks an item against the table's items; returns the storage to define, or None.
-
-    Before the table stores anything, its signature decides; with ``per_step`` a column
-    of ``T`` steps also matches a signature spec of one step. The first item then fixes
-    ``T`` for the table.
-
-    Raises:
-      SchemaError: if the item's structure, shapes or dtypes differ from the table's.
-    """
-    table = engine.name
-    for column, path in zip(columns, paths):
-        check_column(column, table, path)
-    got = item_specs(columns)
-    layout = engine.known_layout()
-    if layout is not None:
-        expected_treedef, expected_specs, _ = layout
-        if not specs.same_structure(treedef, expected_treedef):
-            problems, _ = specs.structure_mismatch(treedef, expected_treedef, expected_specs)
-            raise errors.SchemaError(
-                f"Table '{table}': the item does not match the structure of the table's "
-                f"items: {'; '.join(problems)}.")
-        by_signature = per_step and not engine.has_columns()
-        for spec, want, path, column in zip(got, expected_specs, paths, columns):
-            if spec.shape != want.shape or spec.dtype != want.dtype:
-                if (by_signature and spec.dtype == want.dtype and not column.squeeze
-                        and spec.shape[1:] == want.shape):
-                    continue  # the signature describes one step of the sequence
-                raise errors.SchemaError(
-                    f"Table '{table}', column {path}: the item has {spec.dtype}"
-                    f"{list(spec.shape)}, the table's items have {want.dtype}{list(want.shape)}.")
-    if engine.has_columns():
-        storage = engine.storage
-        if storage.steps:
-            for column, stored, path in zip(columns, storage.columns, paths):
-                if column.squeeze != stored.squeeze:
-                    raise errors.SchemaError(
-                        f"Table '{table}', column {path}: the table stores it "
-                        f"{'squeezed (one step, no time dimension)' if stored.squeeze else 'as a sequence'}"
-                        f", the item {'squeezes it' if column.squeeze else 'does not'}.")
-        return None
-    cells = [specs.TensorSpec(c.refs[0].value.shape, c.refs[0].value.dtype) for c in columns]
-    signature = specs.optree.tree_unflatten(treedef, got)
-    return _storage.step_storage(signature, cells, [len(c.refs) for c in columns],
-                                 [c.squeeze for c in columns],
-                                 [c.source for c in columns])
 
 
 def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
@@ -286,7 +205,7 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     """
     engine = rows.engine
     if not plan.steps:
-        return _insert_whole(engine, columns, priority, timeout)
+        return _insert_whole(engine, columns, priority, timeout, plan.form)
     if plan.uniform:
         if uids is None:
             uids = [ref.uid for ref in columns[0].refs]
@@ -356,7 +275,7 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember)
+    return _commit(engine, slot, priority, entries, remember, plan.form)
 
 
 def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float, timeout):
@@ -421,7 +340,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember)
+    return _commit(engine, slot, priority, entries, remember, plan.form)
 
 
 def _reserve(engine, known, ref_steps, timeout):
@@ -439,11 +358,12 @@ def _reserve(engine, known, ref_steps, timeout):
     return slot, got_rows.tolist(), fresh.tolist()
 
 
-def _commit(engine, slot, priority, entries, remember):
+def _commit(engine, slot, priority, entries, remember, form: int):
     """Publishes the item in ``slot``; then the writer remembers where its steps went."""
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)
+    _item_forms.record(engine, key, form)
     entries.update(remember)
     return key
 
@@ -482,22 +402,25 @@ def check_priority(engine, priority) -> float:
     return float(_inputs.check_priorities(engine, priority, 1)[0])
 
 
-def _insert_whole(engine, columns, priority, timeout):
+def _insert_whole(engine, columns, priority, timeout, form: int):
     """An item for a table that stores whole items (its first item came from insert):
-    the referenced steps are stacked into the item's columns."""
+    the referenced steps are stacked into the item's columns (in the table's form)."""
     arrays = []
-    for column in columns:
+    for column, spec in zip(columns, engine.column_specs):
         if column.squeeze:
-            arrays.append(column.refs[0].value)
+            array = column.refs[0].value
         else:
-            arrays.append(np.stack([ref.value for ref in column.refs]))
+            array = np.stack([ref.value for ref in column.refs])
+        arrays.append(np.reshape(array, spec.shape))
     slots, rows = engine.reserve_items(1, timeout)
     try:
         engine.write_items(slots, rows, arrays, False)
     except BaseException:
         engine.cancel(slots)
         raise
-    return int(engine.commit(slots, np.array([priority], np.float64))[0])
+    key = int(engine.commit(slots, np.array([priority], np.float64))[0])
+    _item_forms.record(engine, key, form)
+    return key
 
 
 class PendingItems:

@@ -170,25 +170,26 @@ class Client:
         for table, priority in priorities.items():
             engine = self._engine(table)
             prios = _inputs.check_priorities(engine, priority, count)
-            arrays, proposal = _inputs.prepare_leaves(engine, leaves, treedef, batched)
+            arrays, proposal, form = _inputs.prepare_leaves(engine, leaves, treedef, batched)
             _inputs.check_batch_fits(engine, count)
-            plans.append([engine, arrays, prios, proposal])
+            plans.append([engine, arrays, prios, proposal, form])
         for plan in plans:
-            engine, _, _, proposal = plan
+            engine, proposal = plan[0], plan[3]
             if proposal is not None:  # a table's first item fixes its storage
                 engine.define_storage(proposal)
-                plan[1], _ = _inputs.prepare_leaves(engine, leaves, treedef, batched)
+                plan[1], _, plan[4] = _inputs.prepare_leaves(engine, leaves, treedef, batched)
         reserved = _reserve_in_every_table([plan[0] for plan in plans], count, timeout)
         try:
-            for (engine, arrays, _, _), (slots, rows) in zip(plans, reserved):
+            for (engine, arrays, *_), (slots, rows) in zip(plans, reserved):
                 engine.write_items(slots, rows, arrays, batched)
         except BaseException:
-            for (engine, _, _, _), (slots, _) in zip(plans, reserved):
+            for (engine, *_), (slots, _) in zip(plans, reserved):
                 engine.cancel(slots)
             raise
         keys = {}
-        for (engine, _, prios, _), (slots, _) in zip(plans, reserved):
+        for (engine, _, prios, _, form), (slots, _) in zip(plans, reserved):
             committed = engine.commit(slots, prios)
+            _item_forms.record(engine, committed, form)
             keys[engine.name] = committed if batched else int(committed[0])
         return keys
 

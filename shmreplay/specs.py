@@ -315,3 +315,13 @@ def none_paths(treedef, limit: int = 6) -> List[str]:
 
     walk(treedef, [])
     return found
+
+
+def positional(treedef) -> bool:
+    """Whether a nest names nothing: only lists, tuples and leaves (``[0]``, ``(a, b)``).
+    Such data matches a table's signature by its flattened leaves, as in Reverb; data
+    with keys or fields must name the table's."""
+    if treedef.kind in (_K.LEAF, _K.NONE):
+        return True
+    return treedef.kind in (_K.TUPLE, _K.LIST) and all(
+        positional(child) for child in treedef.children())

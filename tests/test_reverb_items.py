@@ -80,3 +80,126 @@ def test_emit_timesteps_splits_every_column_along_its_first_dimension():
         writer.close()
         with pytest.raises(ValueError, match="Can't split non timestep trajectory"):
             next(client.sample("q2", timeout=1))
+
+
+# --- one table, items from insert and both writers -------------------------------------
+
+OBS = np.arange(15, dtype=np.float32)
+
+
+def _reverb_shapes(client, table, count):
+    """Client.sample's view of the next ``count`` items of a queue (FIFO)."""
+    return [next(client.sample(table, emit_timesteps=False, timeout=1)).data[0].shape
+            for _ in range(count)]
+
+
+def _fill(client, table, order):
+    """Inserts one item per kind in ``order``; returns Reverb's shape for each."""
+    writer = client.trajectory_writer(2)
+    expected = []
+    for kind in order:
+        writer.append({"obs": OBS})
+        if kind == "insert":
+            client.insert({"obs": OBS}, {table: 1.0}, timeout=1)
+            expected.append((1, 15))
+        elif kind == "window":
+            writer.create_item(table, 1.0, {"obs": writer.history["obs"][-1:]})
+            expected.append((1, 15))
+        elif kind == "squeezed":
+            writer.create_item(table, 1.0, {"obs": writer.history["obs"][-1]})
+            expected.append((15,))
+        else:  # the legacy writer's one-step item
+            with client.writer(1) as legacy:
+                legacy.append({"obs": OBS})
+                legacy.create_item(table, 1, 1.0)
+            expected.append((1, 15))
+        writer.flush(timeout_ms=1000)
+    writer.close()
+    return expected
+
+
+@pytest.mark.parametrize("order", [
+    ("insert", "window", "squeezed", "legacy"),
+    ("window", "insert", "squeezed", "legacy"),
+    ("squeezed", "insert", "window", "legacy"),
+    ("legacy", "squeezed", "window", "insert"),
+])
+def test_inserts_and_one_step_writer_items_share_a_table(order):
+    with serve(queue(), queue("peek")) as client:
+        expected = _fill(client, "q", order)
+        # shmreplay's own calls return the table's layout, fixed by its first item.
+        first = (15,) if order[0] in ("insert", "squeezed") else (1, 15)
+        batch = client.sample_batch("q", 4, timeout=1)
+        assert batch.data["obs"].shape == (4,) + first
+        np.testing.assert_array_equal(batch.data["obs"].reshape(4, 15), np.tile(OBS, (4, 1)))
+        _fill(client, "q", order)
+        # Reverb's Client.sample returns each item as Reverb stores it.
+        assert _reverb_shapes(client, "q", 4) == expected
+
+
+def test_a_declared_signature_wins_over_the_first_item():
+    signature = TensorSpec((), np.int64)
+    with serve(queue(signature=signature)) as client:
+        with client.writer(1) as legacy:  # a one-step item: int64[1]
+            legacy.append(np.int64(7))
+            legacy.create_item("q", 1, 1.0)
+        client.insert(np.int64(8), {"q": 1.0}, timeout=1)  # exactly the signature
+        client.insert([np.int64(9)], {"q": 1.0}, timeout=1)  # flattened leaves match
+        writer = client.trajectory_writer(1)
+        writer.append([np.int64(10)])
+        writer.create_item("q", 1.0, writer.history[0][-1:])
+        writer.create_item("q", 1.0, writer.history[0][-1])
+        writer.flush(timeout_ms=1000)
+        writer.close()
+        batch = client.sample_batch("q", 5, timeout=1)
+        assert batch.data.shape == (5,) and batch.data.tolist() == [7, 8, 9, 10, 10]
+        assert client.server_info()["q"].current_size == 0
+        _ = [client.insert(np.int64(v), {"q": 1.0}, timeout=1) for v in (1, 2)]
+        with client.writer(1) as legacy:
+            legacy.append(np.int64(3))
+            legacy.create_item("q", 1, 1.0)
+        assert _reverb_shapes(client, "q", 3) == [(1,), (1,), (1,)]
+
+
+def test_a_signature_with_a_time_dimension_of_one_takes_single_steps():
+    with serve(queue(signature={"obs": TensorSpec((1, 15), np.float32)})) as client:
+        client.insert({"obs": OBS}, {"q": 1.0}, timeout=1)          # Reverb: [1, 15]
+        client.insert({"obs": OBS[None]}, {"q": 1.0}, timeout=1)    # Reverb: [1, 1, 15]
+        batch = client.sample_batch("q", 2, timeout=1)
+        assert batch.data["obs"].shape == (2, 1, 15)
+        client.insert({"obs": OBS}, {"q": 1.0}, timeout=1)
+        client.insert({"obs": OBS[None]}, {"q": 1.0}, timeout=1)
+        assert _reverb_shapes(client, "q", 2) == [(1, 15), (1, 1, 15)]
+        with pytest.raises(errors.SchemaError, match=r"'q'.*\['obs'\].*\(2, 15\)"):
+            client.insert({"obs": np.zeros((2, 15), np.float32)}, {"q": 1.0}, timeout=1)
+        assert client.server_info()["q"].current_size == 0
+
+
+def test_named_data_must_still_name_the_signature():
+    signature = {"obs": TensorSpec((15,), np.float32)}
+    with serve(queue(signature=signature)) as client:
+        with pytest.raises(errors.SchemaError, match="structure"):
+            client.insert({"observation": OBS}, {"q": 1.0}, timeout=1)
+        client.insert([OBS], {"q": 1.0}, timeout=1)  # positional data: by its leaves
+        assert client.sample_batch("q", 1, timeout=1).data["obs"].shape == (1, 15)
+
+
+def _insert_flipped(name):
+    with shmreplay.Client(name) as client:
+        writer = client.trajectory_writer(1)
+        writer.append({"obs": OBS})
+        writer.create_item("q", 1.0, {"obs": writer.history["obs"][-1]})  # squeezed
+        writer.flush(timeout_ms=5000)
+        writer.close()
+
+
+def test_another_process_sees_each_items_form():
+    import multiprocessing
+    with serve(queue()) as client:
+        client.insert({"obs": OBS}, {"q": 1.0}, timeout=1)
+        child = multiprocessing.get_context("spawn").Process(
+            target=_insert_flipped, args=(client.server_address,))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        assert _reverb_shapes(client, "q", 2) == [(1, 15), (15,)]

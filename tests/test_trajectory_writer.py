@@ -1379,3 +1379,26 @@ def test_history_keeps_no_data_of_a_fields_expired_values():
         with pytest.raises(ValueError, match="expired"):
             writer.create_item("q", 1.0, {"obs": writer.history["obs"][-2:]})
         assert writer.history["obs"][-2:].shape == (2, 1000)  # expired refs keep their shape
+
+
+def test_a_field_given_only_as_none_has_a_column_of_none():
+    # Reverb: history mirrors the appended structure; a field never given a value has
+    # a column of None as long as the others.
+    with serve() as (server, client):
+        writer = client.trajectory_writer(3)
+        writer.append({"x": 1, "y": None, "t": (None, 2)})
+        writer.append({"x": 2, "y": None})
+        history = writer.history
+        assert sorted(history) == ["t", "x", "y"]
+        assert len(history["y"]) == len(history["x"]) == 2
+        assert len(history["t"][0]) == 2
+        assert [history["y"].ref_at(i) for i in range(2)] == [None, None]
+        with pytest.raises(ValueError, match="cannot contain any None"):
+            writer.create_item("q", 1.0, history["y"][-1:])
+        writer.append({"x": 3, "y": 5})  # its first value: a real column from now on
+        history = writer.history
+        assert len(history["y"]) == 3 and history["y"].ref_at(0) is None
+        writer.create_item("q", 1.0, {"y": history["y"][-1]})
+        writer.flush(timeout_ms=1000)
+        writer.close()
+        assert int(client.sample_batch("q", 1, timeout=1).data["y"][0]) == 5

@@ -375,6 +375,8 @@ def _check_table(path: str, size: int, table: "TableCheckpoint"):
                 raise corrupt("has no valid step stores")
         for index, (dtype, shape) in enumerate(store_specs):
             expected[f"store{index}"] = (dtype, ((stored,) if storage.steps else (n,)) + shape)
+    if storage is not None and "forms" in table.layout:  # items' forms (_item_forms)
+        expected["forms"] = (np.dtype(np.int64), (n,))
     if set(table.layout) != set(expected):
         raise corrupt(f"has arrays {sorted(table.layout)}, not {sorted(expected)}")
     for key, entry in table.layout.items():

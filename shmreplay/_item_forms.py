@@ -107,6 +107,13 @@ def record(engine, keys, form: int):
         forms[slot, 0] = np.int64(np.uint64(key))  # last: readers check the key
 
 
+def forms_of(engine, keys: np.ndarray) -> np.ndarray:
+    """The forms of the items ``keys`` (int64, as stored), 0 where none is recorded."""
+    keys = np.asarray(keys, np.int64)
+    entries = engine.forms[keys & ((1 << int(engine.ctrl[L.C_SLOT_BITS])) - 1)]
+    return np.where(entries[:, 0] == keys, entries[:, 1], 0)
+
+
 def form_of(engine, key: int) -> int:
     slot = key & ((1 << int(engine.ctrl[L.C_SLOT_BITS])) - 1)
     stored_key, form = engine.forms[slot].tolist()

@@ -11,7 +11,7 @@ from typing import Dict, List
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import errors, specs
+from shmreplay import _item_forms, errors, specs
 from shmreplay._checkpoint import Checkpoint, TableCheckpoint
 from shmreplay._kernels import table as kernels
 from shmreplay._snapshot import ITEM_FIELDS
@@ -144,6 +144,10 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
         fields["priority"], fresh, np.zeros(2, np.float64))
     if evicted < 0:
         engine._raise_status(evicted)
+    if storage is not None and "forms" in saved.layout:  # (older checkpoints have none)
+        forms = saved.array("forms")
+        for index in np.flatnonzero(forms).tolist():
+            _item_forms.record(engine, int(keys[index]), int(forms[index]))
     return evicted
 
 

@@ -15,6 +15,7 @@ from typing import Dict
 
 import numpy as np
 
+from shmreplay import _item_forms
 from shmreplay import _layout as L
 from shmreplay._kernels import codes, table as kernels
 
@@ -97,6 +98,10 @@ def snapshot_table(engine) -> TableSnapshot:
         break
     arrays = {name: out.fields[i, :count] for i, name in enumerate(ITEM_FIELDS)}
     arrays["priority"] = out.priority[:count]
+    if storage is not None:
+        # Read after the release: an entry is checked against the item's key, so a slot
+        # reused meanwhile reads as the usual form, never as another item's.
+        arrays["forms"] = _item_forms.forms_of(engine, arrays["key"])
     if storage is not None and not storage.steps:
         for index, copy in enumerate(out.stores):
             arrays[f"store{index}"] = copy[:count]

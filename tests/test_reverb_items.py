@@ -203,3 +203,12 @@ def test_another_process_sees_each_items_form():
         child.join(60)
         assert child.exitcode == 0
         assert _reverb_shapes(client, "q", 2) == [(1, 15), (15,)]
+
+
+def test_a_checkpoint_keeps_each_items_form(tmp_path):
+    with serve(queue()) as client:
+        _fill(client, "q", ("window", "squeezed", "insert"))
+        path = client.checkpoint(str(tmp_path / "forms.ckpt"))
+    with shmreplay.Server([queue()], name=_names.unique("reverb-items"),
+                          checkpoint=path) as server, shmreplay.Client(server.name) as client:
+        assert _reverb_shapes(client, "q", 3) == [(1, 15), (15,), (1, 15)]

@@ -135,6 +135,12 @@ def test_inserts_and_one_step_writer_items_share_a_table(order):
         _fill(client, "q", order)
         # Reverb's Client.sample returns each item as Reverb stores it.
         assert _reverb_shapes(client, "q", 4) == expected
+        # After a reset, in the other order.
+        _fill(client, "q", order)
+        client.reset("q")
+        assert client.server_info()["q"].current_size == 0
+        expected = _fill(client, "q", order[::-1])
+        assert _reverb_shapes(client, "q", 4) == expected
 
 
 def test_a_declared_signature_wins_over_the_first_item():

@@ -325,3 +325,17 @@ def positional(treedef) -> bool:
         return True
     return treedef.kind in (_K.TUPLE, _K.LIST) and all(
         positional(child) for child in treedef.children())
+
+
+_TF_NAMES = {"float16": "half", "float32": "float", "float64": "double"}
+
+
+def tf_dtype_name(dtype) -> str:
+    """A dtype as TensorFlow (and Reverb's messages) name it: ``double``, ``int64``."""
+    name = np.dtype(dtype).name
+    return _TF_NAMES.get(name, name)
+
+
+def tf_shape_str(shape) -> str:
+    """A shape as TensorFlow prints it in messages: ``[1,2]``."""
+    return "[" + ",".join(str(int(d)) for d in shape) + "]"

@@ -473,11 +473,13 @@ class TrajectoryWriter:
             if value.dtype != first.dtype:
                 raise errors.SchemaError(
                     f"Tensor of wrong dtype provided for column {path}. Got "
-                    f"{value.dtype} but expected {first.dtype}.")
+                    f"{specs.tf_dtype_name(value.dtype)} but expected "
+                    f"{specs.tf_dtype_name(first.dtype)}.")
             if value.shape != first.shape:
                 raise errors.SchemaError(
                     f"Tensor of incompatible shape provided for column {path}. Got "
-                    f"{list(value.shape)} which is incompatible with {list(first.shape)}.")
+                    f"{specs.tf_shape_str(value.shape)} which is incompatible with "
+                    f"{specs.tf_shape_str(first.shape)}.")
         if value.dtype.kind not in "biufc":
             raise errors.SchemaError(
                 f"Column {path}: dtype {value.dtype} cannot be stored; expected a numeric or "

@@ -1402,3 +1402,19 @@ def test_a_field_given_only_as_none_has_a_column_of_none():
         writer.flush(timeout_ms=1000)
         writer.close()
         assert int(client.sample_batch("q", 1, timeout=1).data["y"][0]) == 5
+
+
+def test_column_errors_use_reverbs_words_for_dtypes_and_shapes():
+    # Reverb's messages name dtypes and shapes as TensorFlow does.
+    with serve() as (server, client):
+        writer = client.trajectory_writer(2)
+        writer.append({"scalar": np.int64(1), "nest": {"sub": np.zeros(2, np.float32)}})
+        with pytest.raises(ValueError, match=r"column \('scalar',\)\. Got double but "
+                                             r"expected int64\."):
+            writer.append({"scalar": 1.5})
+        with pytest.raises(ValueError, match=r"column \('nest', 'sub'\)\. Got \[1,2\] which "
+                                             r"is incompatible with \[2\]\."):
+            writer.append({"nest": {"sub": np.zeros((1, 2), np.float32)}})
+        with pytest.raises(ValueError, match=r"Got double but expected float\."):
+            writer.append({"nest": {"sub": np.zeros(2, np.float64)}})
+        writer.close()

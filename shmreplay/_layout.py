@@ -83,6 +83,7 @@ DATA_HEADER = np.dtype([
     ("complete", "<u4"),
     ("schema_len", "<i8"),
     ("total_bytes", "<i8"),
+    ("generation", "<i8"),  # the table's C_LAYOUT_GEN when the segment was made
 ])
 DATA_HEADER_SIZE = 64
 
@@ -103,7 +104,12 @@ MUTEX_WORDS = 8
  C_COMMIT_MARK,
  # Tests only (``shmreplay._crash_points``): the process ``C_STOP_PID`` stops itself
  # (SIGSTOP) when it reaches stop point ``C_STOP_POINT`` inside a kernel.
- C_STOP_POINT, C_STOP_PID) = range(MUTEX_WORDS, MUTEX_WORDS + 45)
+ C_STOP_POINT, C_STOP_PID,
+ # Bumped when ``Client.reset`` forgets the layout of a table without a signature. Every
+ # process's step arrays carry the generation they were mapped for (``stamp_rows``),
+ # and kernels refuse a stale one with UNMAPPED: no process writes or reads through a
+ # mapping of a forgotten layout.
+ C_LAYOUT_GEN) = range(MUTEX_WORDS, MUTEX_WORDS + 46)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
@@ -219,7 +225,7 @@ def table_offsets(region: TableRegion) -> np.ndarray:
     """``table_views`` as numbers, for kernels that make the views themselves (one
     argument instead of five): see ``shmreplay._kernels.table.TABLE_*``."""
     return np.array([region.ctrl, region.fctrl, region.meta, region.trees, region.capacity,
-                     max(2 * region.tree_leaves, 1)], np.int64)
+                     max(2 * region.tree_leaves, 1), 0], np.int64)  # (+ the layout stamp)
 
 
 def header_view(buf) -> np.ndarray:
@@ -259,8 +265,8 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
     width = storage.width
     row_capacity = capacity * storage.steps_per_item if storage.steps else capacity
     rows = refs = offset
-    if storage.steps:
-        refs = _align(rows + row_capacity * ROW_FIELDS * 4)
+    if storage.steps:  # (one more row record: the layout stamp, see ``stamp_rows``)
+        refs = _align(rows + (row_capacity + 1) * ROW_FIELDS * 4)
         offset = _align(refs + capacity * width * 4)
     stores = []
     for spec in storage.store_specs:
@@ -287,20 +293,29 @@ def forms_view(buf, plan: DataPlan, capacity: int) -> np.ndarray:
     return np.frombuffer(buf, np.int64, capacity * 2, plan.forms).reshape(capacity, 2)
 
 
-def step_views(buf, plan: DataPlan, capacity: int):
-    """``(refs, rows)``: the arrays the kernels keep step references in."""
+def step_views(buf, plan: DataPlan, capacity: int, generation: int):
+    """``(refs, rows)``: the arrays the kernels keep step references in (``rows`` ends
+    with the layout stamp; for whole items, placeholders stamped with ``generation``)."""
     if plan.width == 0:
-        return no_step_views()
+        return no_step_views(generation)
     refs = np.frombuffer(buf, np.int32, capacity * plan.width, plan.refs).reshape(
         capacity, plan.width)
-    rows = np.frombuffer(buf, np.int32, plan.row_capacity * ROW_FIELDS, plan.rows).reshape(
-        plan.row_capacity, ROW_FIELDS)
+    rows = np.frombuffer(buf, np.int32, (plan.row_capacity + 1) * ROW_FIELDS,
+                         plan.rows).reshape(plan.row_capacity + 1, ROW_FIELDS)
     return refs, rows
 
 
-def no_step_views():
-    """Placeholders for tables (or processes) without step storage: width 0."""
-    return np.zeros((0, 0), np.int32), np.zeros((0, ROW_FIELDS), np.int32)
+def no_step_views(generation: int = 0):
+    """Placeholders for tables (or processes) without step storage: width 0, and the
+    layout stamp of ``generation``."""
+    return np.zeros((0, 0), np.int32), stamp_rows(generation)
+
+
+def stamp_rows(generation: int) -> np.ndarray:
+    """A ``rows`` array of the stamp record alone. The kernels' ``rows`` always ends
+    with one record whose count is the layout generation it was mapped for (step
+    storage keeps it after its rows, in the data segment)."""
+    return np.full((1, ROW_FIELDS), generation, np.int32)
 
 
 def data_header_view(buf) -> np.ndarray:

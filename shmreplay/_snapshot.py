@@ -15,7 +15,7 @@ from typing import Dict
 
 import numpy as np
 
-from shmreplay import _item_forms
+from shmreplay import _item_forms, errors
 from shmreplay import _layout as L
 from shmreplay._kernels import codes, table as kernels
 
@@ -72,7 +72,10 @@ def snapshot_table(engine) -> TableSnapshot:
         out = _Outputs(engine, room, rows_room)
         with _HeldQuietly():
             started = time.perf_counter()
-            count = engine._call(kernels.hold_items, out.slots, out.fields, out.priority)
+            try:
+                count = engine._call(kernels.hold_items, out.slots, out.fields, out.priority)
+            except errors.LayoutResetError:  # reset meanwhile: look at the table again
+                continue
             if count >= 0:
                 try:
                     stored_rows = int(engine.ctrl[L.C_ROW_FRESH])

@@ -27,6 +27,7 @@ _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKE
 _NO_ROW = -1
 _PENDING_SLICE = 0.05  # seconds a flush waits on one table before retrying the others
 _UNKNOWN = object()
+_LAYOUT_RETRIES = 5
 # numpy scalar types: immutable, so a writer keeps such a value without copying it.
 NUMPY_SCALARS = frozenset(np.sctypeDict.values())
 
@@ -98,6 +99,11 @@ class TableRows:
         self.entries = {}
         self.plans = {}
 
+    def forget(self):
+        """Drops everything remembered: the table's layout was forgotten (``reset``)."""
+        self.entries.clear()
+        self.plans.clear()
+
     def forget_before(self, uid: int):
         """Drops entries of steps older than ``uid`` (no history can reference them)."""
         if self.entries:
@@ -110,12 +116,15 @@ class ItemPlan:
     """How items of one shape go into one table: per column, its store and whether its
     steps are shared with other items (the store holds the field the column reads)."""
 
-    __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "form",
-                 "_uniform_refs", "_scratch")
+    __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "form", "generation",
+                 "treedef", "paths", "per_step", "_uniform_refs", "_scratch")
 
-    def __init__(self, storage, columns: List[ItemColumn], form: int = 0):
+    def __init__(self, storage, columns: List[ItemColumn], form: int = 0, generation: int = 0):
         self.steps = storage.steps
         self.form = form  # which one-step columns Reverb's calls see flipped
+        self.generation = generation  # the table layout it was planned for
+        self.treedef = self.paths = None  # what ``plan_item`` planned it from
+        self.per_step = False
         self.columns = []
         if self.steps:
             for column, stored in zip(columns, storage.columns):
@@ -179,7 +188,9 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
         key = plan_key(treedef, columns)
     plan = rows.plans.get(key)
     if plan is not None:
-        return plan
+        if plan.generation == rows.engine.layout_gen:
+            return plan
+        rows.forget()  # planned for a layout forgotten since (``Client.reset``)
     engine = rows.engine
     proposal = validate_item(engine, treedef, columns, paths, per_step)
     if proposal is not None:
@@ -187,7 +198,8 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
         engine.define_storage(proposal)
         validate_item(engine, treedef, columns, paths, per_step)
     plan = ItemPlan(engine.storage, columns,
-                    item_form(engine, columns, item_specs(columns), paths))
+                    item_form(engine, columns, item_specs(columns), paths), engine.layout_gen)
+    plan.treedef, plan.paths, plan.per_step = treedef, paths, per_step
     if all(c.source is not None for c in columns):  # mixed columns: checked every time
         rows.plans[key] = plan
     return plan
@@ -198,11 +210,25 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     """Inserts one planned item into ``rows.engine``; returns its key.
 
     ``uids``: the steps every column reads, when the caller knows they all read the same
-    ones (None: find out).
+    ones (None: find out). An item planned for a layout that was forgotten since
+    (``Client.reset``) is planned again for the table's current one.
 
     Raises DeadlineExceededError (nothing inserted) if the rate limiter does not admit
     it within ``timeout`` (0: do not wait).
     """
+    for attempt in range(_LAYOUT_RETRIES):
+        if plan.generation != rows.engine.layout_gen:
+            rows.forget()
+            plan = plan_item(rows, plan.treedef, columns, plan.paths, per_step=plan.per_step)
+        try:
+            return _insert_item(rows, plan, columns, priority, timeout, uids)
+        except errors.LayoutResetError:
+            if attempt == _LAYOUT_RETRIES - 1:
+                raise
+
+
+def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
+                 timeout, uids):
     engine = rows.engine
     if not plan.steps:
         return _insert_whole(engine, columns, priority, timeout, plan.form)
@@ -298,6 +324,8 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     # ``by_step``: ``refs[i][c]`` is step i's value in column c; otherwise ``refs[c][i]``
     # is step i's reference in column c.
     engine = rows.engine
+    if plan.generation != engine.layout_gen:  # (callers fall back to ``insert_item``)
+        raise errors.LayoutResetError(f"Table '{engine.name}': its layout was forgotten.")
     entries = rows.entries
     full = plan.full_mask
     n = len(uids)

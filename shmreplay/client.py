@@ -4,6 +4,7 @@ The facade: it validates and converts user input, calls the table engines, and w
 results. No offsets, no locks, no numba here.
 """
 
+import functools
 import os
 import re
 import time
@@ -18,6 +19,27 @@ from shmreplay.replay_sample import ReplaySample, SampleInfo
 from shmreplay.table import validate_name
 
 _UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
+
+
+_LAYOUT_RETRIES = 5
+
+
+def _after_layout_reset(call, *args):
+    """``call(*args)``, again if a table's layout is forgotten under it (the call
+    starts afresh: checks and plans made for the old layout are dropped)."""
+    for attempt in range(_LAYOUT_RETRIES):
+        try:
+            return call(*args)
+        except errors.LayoutResetError:
+            if attempt == _LAYOUT_RETRIES - 1:
+                raise
+
+
+def _retried_after_layout_reset(method):
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        return _after_layout_reset(lambda: method(*args, **kwargs))
+    return call
 
 
 class Client:
@@ -109,18 +131,21 @@ class Client:
           SchemaError: if the data does not match a table's columns.
           DeadlineExceededError: if ``timeout`` expired; nothing was inserted.
         """
-        if type(priorities) is dict and len(priorities) == 1:
-            # The actor's hot path: one table, data already shaped like its columns.
-            (table, priority), = priorities.items()
-            engine = self._engine(table)
-            leaves = engine.fast_leaves(data)
-            if leaves is not None:
-                if type(priority) is not float:
-                    priority = float(_inputs.check_priorities(engine, priority, 1)[0])
-                elif not 0.0 <= priority <= engine.max_priority:  # also rejects NaN
-                    _inputs.check_priorities(engine, priority, 1)
-                return {table: engine.insert_one(leaves, priority, timeout)}
-        return self._insert(data, priorities, timeout, batched=False)
+        try:
+            if type(priorities) is dict and len(priorities) == 1:
+                # The actor's hot path: one table, data already shaped like its columns.
+                (table, priority), = priorities.items()
+                engine = self._engine(table)
+                leaves = engine.fast_leaves(data)
+                if leaves is not None:
+                    if type(priority) is not float:
+                        priority = float(_inputs.check_priorities(engine, priority, 1)[0])
+                    elif not 0.0 <= priority <= engine.max_priority:  # also rejects NaN
+                        _inputs.check_priorities(engine, priority, 1)
+                    return {table: engine.insert_one(leaves, priority, timeout)}
+            return self._insert(data, priorities, timeout, batched=False)
+        except errors.LayoutResetError:  # checked against a layout forgotten meanwhile
+            return _after_layout_reset(self._insert, data, priorities, timeout, False)
 
     def insert_batch(self, data, priorities, timeout: Optional[float] = None):
         """Inserts ``B`` items into each table named in ``priorities``, atomically per table.
@@ -137,6 +162,12 @@ class Client:
           as ``insert``; also SchemaError if leaves have different leading sizes, and
           ValueError if ``B`` exceeds what the table can take in one call.
         """
+        try:
+            return self._insert_batch(data, priorities, timeout)
+        except errors.LayoutResetError:  # checked against a layout forgotten meanwhile
+            return _after_layout_reset(self._insert, data, priorities, timeout, True)
+
+    def _insert_batch(self, data, priorities, timeout):
         if type(priorities) is dict and len(priorities) == 1:
             (table, priority), = priorities.items()
             engine = self._engine(table)
@@ -260,7 +291,10 @@ class Client:
             if int(batch_size) != batch_size or batch_size < 1:
                 raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
             batch_size = int(batch_size)
-        return self._engine(table).sample(batch_size, timeout)
+        try:
+            return self._engine(table).sample(batch_size, timeout)
+        except errors.LayoutResetError:
+            return _after_layout_reset(self._engine(table).sample, batch_size, timeout)
 
     def sample(self, table: str, num_samples: int = 1, emit_timesteps: bool = True,
                timeout: Optional[float] = None, unpack_as_table_signature: bool = False
@@ -291,7 +325,7 @@ class Client:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}.")
         for _ in range(int(num_samples)):
             engine = self._engine(table)
-            batch = engine.sample(1, timeout)
+            batch = _after_layout_reset(engine.sample, 1, timeout)
             info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
             columns = _item_forms.reverb_columns(engine, batch)
             unflatten = _item_forms.unflattener(engine) if unpack_as_table_signature else list
@@ -307,6 +341,7 @@ class Client:
 
     # --- priorities and lifecycle ---------------------------------------------------------
 
+    @_retried_after_layout_reset
     def mutate_priorities(self, table: str, updates: Optional[Dict[int, float]] = None,
                           deletes: Optional[List[int]] = None):
         """Updates priorities and/or deletes items, by key. Unknown keys are ignored.
@@ -326,6 +361,7 @@ class Client:
         delete_keys = np.asarray(list(deletes or ()), np.uint64).reshape(-1)
         engine.mutate(delete_keys.view(np.int64), keys.view(np.int64), prios)
 
+    @_retried_after_layout_reset
     def update_priorities(self, table: str, keys, priorities):
         """Sets the priorities of items by key, from arrays (the fast form of mutate).
 
@@ -357,10 +393,17 @@ class Client:
             prios = _inputs.check_priorities(engine, priorities, keys.size)
         return engine.update(keys.view(np.int64), prios)
 
+    @_retried_after_layout_reset
     def reset(self, table: str):
-        """Removes every item of ``table`` and resets its rate limiter."""
+        """Removes every item of ``table`` and resets its rate limiter.
+
+        A table without a signature also forgets the layout its first item fixed, so
+        that the next item may have other shapes (as Reverb's tables take any): unless
+        some item is being written or read at that moment, when the layout stays.
+        Every process sees the new layout at its next call."""
         self._engine(table).reset()
 
+    @_retried_after_layout_reset
     def verify(self, table: str) -> List[str]:
         """Checks a table's invariants (sum-trees, heaps, lists, counters, slot states).
 

@@ -96,3 +96,9 @@ def seconds(value, unit: str = "s") -> str:
         return f"{float(value):.6g} {unit}"
     except (TypeError, ValueError):
         return f"{value!r} {unit}"
+
+
+class LayoutResetError(ShmReplayError, RuntimeError):
+    """A table's layout was forgotten (``Client.reset`` of a table without a signature)
+    while a call was under way. The library's calls retry on their own; a call that
+    still sees it (the table reset again and again) may simply be repeated."""

@@ -644,7 +644,7 @@ class TrajectoryWriter:
             try:
                 _writing.insert_uniform_refs(rows, plan, column_refs, uids, prio, 0.0)
                 return
-            except errors.DeadlineExceededError:
+            except (errors.DeadlineExceededError, errors.LayoutResetError):
                 pass
         columns = [_writing.ItemColumn(refs, squeeze, source)
                    for refs, (source, _, squeeze) in zip(column_refs, shape)]
@@ -837,7 +837,7 @@ class _UsualItem:
         uids = [ref.uid for ref in column_refs[0]]
         try:
             _writing.insert_uniform_refs(rows, self.plan, column_refs, uids, prio, 0.0)
-        except errors.DeadlineExceededError:
+        except (errors.DeadlineExceededError, errors.LayoutResetError):
             return False
         return True
 

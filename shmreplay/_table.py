@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import cloudpickle
 import numpy as np
@@ -1011,9 +1012,15 @@ class TableEngine:
         """Clears the table. A table without a signature also forgets its layout (the
         next item may have other shapes) unless an item is being written right now."""
         forgotten = np.zeros(1, np.int64)
-        status = self._call(kernels.reset, self.config.signature is None, forgotten)
+        forget = self.config.signature is None
+        status = self._call(kernels.reset, forget, forgotten)
         if status < 0:
             self._raise_status(status)
+        if forget and not forgotten[0] and self.ctrl[L.C_SCHEMA_READY]:
+            warnings.warn(
+                f"Table '{self.name}' was reset but keeps its layout: an item was being "
+                "written or read by some process at that moment (a stopped or slow writer "
+                "keeps it; reset again once it is done).", stacklevel=4)
         if forgotten[0]:
             # Nobody can create the next layout's segment while this name exists.
             _segment.unlink(L.data_segment_name(self.buffer_name, self.index))

@@ -97,10 +97,10 @@ def mask(bits, table: str, paths) -> int:
 
 def record(engine, keys, form: int):
     """Records the form of the just-committed items ``keys`` (nothing for form 0)."""
-    if not form:
+    forms = engine.forms
+    if not form or forms is None:  # (None: another thread saw the layout forgotten)
         return
     slot_mask = (1 << int(engine.ctrl[L.C_SLOT_BITS])) - 1
-    forms = engine.forms
     for key in np.atleast_1d(keys).tolist():
         slot = key & slot_mask
         forms[slot, 1] = form

@@ -115,8 +115,11 @@ def forms_of(engine, keys: np.ndarray) -> np.ndarray:
 
 
 def form_of(engine, key: int) -> int:
+    forms = engine.forms
+    if forms is None:
+        return 0
     slot = key & ((1 << int(engine.ctrl[L.C_SLOT_BITS])) - 1)
-    stored_key, form = engine.forms[slot].tolist()
+    stored_key, form = forms[slot].tolist()
     return form if stored_key == int(np.int64(np.uint64(key))) else 0
 
 

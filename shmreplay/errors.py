@@ -57,6 +57,13 @@ class BufferNotFoundError(ShmReplayError, FileNotFoundError):
     """No shmreplay buffer with this name exists on this machine."""
 
 
+class BufferNotReadyError(BufferNotFoundError, DeadlineExceededError):
+    """A Client's call waited for its buffer to be created, up to its timeout, in vain.
+
+    Both a ``BufferNotFoundError`` and a ``DeadlineExceededError`` (Reverb raises the
+    latter when no server answers within the deadline)."""
+
+
 class BufferExistsError(ShmReplayError, FileExistsError):
     """A buffer (or a leftover segment) already has the name a new Server asked for."""
 

@@ -55,9 +55,10 @@ def wait_for(name: str, trust_group: bool, timeout: Optional[float], address: st
             return buffer
         now = time.monotonic()
         if deadline is not None and now >= deadline:
-            raise errors.BufferNotReadyError(
-                f"{_missing(name, address)}, and none appeared within the timeout of "
-                f"{errors.seconds(timeout)}. {_existing(name)}")
+            waited = ("" if not timeout else f", and none appeared within the timeout of "
+                      f"{errors.seconds(timeout)}")
+            raise errors.BufferNotReadyError(f"{_missing(name, address)}{waited}. "
+                                             f"{_existing(name)}")
         if now >= next_warning:
             _log.warning("%s: still waiting after %.0f s (Reverb's lazy connection: the "
                          "call proceeds once its Server exists). %s",
@@ -70,12 +71,12 @@ def wait_for(name: str, trust_group: bool, timeout: Optional[float], address: st
 def _missing(name: str, address: str) -> str:
     port = _address.port_of(name)
     what = f"buffer {name!r}" + (f" (port {port})" if port is not None else "")
-    via = f" at {address!r}" if address != name else ""
+    via = f" (Client({address!r}))" if address != name else ""
     hint = ""
     if _address.looks_like_host(name):
         hint = (f" ({name!r} looks like a host: a Reverb address needs its port, "
                 f"'{name}:PORT')")
-    return f"Client{via}: no shmreplay {what} exists on this machine{hint}"
+    return f"No shmreplay {what} exists on this machine{via}{hint}"
 
 
 def _existing(name: str) -> str:

@@ -22,7 +22,8 @@ from shmreplay import _segment, errors
 from shmreplay._address import MAX_BUFFER_NAME  # noqa: F401 (read as _buffer.MAX_BUFFER_NAME)
 from shmreplay._procs import start_time
 from shmreplay._kernels import codes
-from shmreplay._table import TableEngine, static_info
+from shmreplay._table import TableEngine
+from shmreplay._table_info import static_info
 from shmreplay.table import Table
 
 

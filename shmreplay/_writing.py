@@ -11,6 +11,7 @@ Items the rate limiter does not admit yet wait in the writer, in creation order
 """
 
 import collections
+import random
 import time
 from typing import List, Optional
 
@@ -20,6 +21,7 @@ from shmreplay import _layout as L
 from shmreplay import _inputs, _storage, errors, specs
 from shmreplay._kernels import table as kernels
 from shmreplay._table import _PID
+from shmreplay._table_info import record_episode
 
 _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
@@ -104,6 +106,9 @@ def item_specs(columns: List[ItemColumn]):
     return out
 
 
+_EPISODE_MASK = (1 << 62) - 1  # episode ids are >= 0 (``-1 - key``: an insert's own)
+
+
 class TableRows:
     """One writer's view of one table.
 
@@ -116,6 +121,13 @@ class TableRows:
         self.engine = engine
         self.entries = {}
         self.plans = {}
+        # This writer's episode ids in this table: the base plus its episode number
+        # (``StepRef.episode``). Random, so no other writer's ids meet these.
+        self.episode_base = random.getrandbits(62)
+
+    def episode_id(self, episode: int) -> int:
+        """The id recorded for the items of the writer's ``episode`` (>= 0)."""
+        return (self.episode_base + episode) & _EPISODE_MASK
 
     def forget_before(self, uid: int):
         """Drops entries of steps older than ``uid`` (no history can reference them)."""
@@ -285,8 +297,9 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     it within ``timeout`` (0: do not wait).
     """
     engine = rows.engine
+    episode = rows.episode_id(columns[0].refs[0].episode)
     if not plan.steps:
-        return _insert_whole(engine, columns, priority, timeout)
+        return _insert_whole(engine, columns, priority, timeout, episode)
     if plan.uniform:
         if uids is None:
             uids = [ref.uid for ref in columns[0].refs]
@@ -356,7 +369,7 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember)
+    return _commit(engine, slot, priority, entries, remember, episode)
 
 
 def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float, timeout):
@@ -382,6 +395,8 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     entries = rows.entries
     full = plan.full_mask
     n = len(uids)
+    # A legacy Writer's steps are all of its one episode; a TrajectoryWriter's refs say.
+    episode = rows.episode_id(0 if by_step else refs[0][0].episode)
     known_rows, known_gens, out, out_rows, out_fresh = plan.scratch(n)
     complete = [False] * n  # the remembered row holds every column of the step
     for i, uid in enumerate(uids):
@@ -421,7 +436,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember)
+    return _commit(engine, slot, priority, entries, remember, episode)
 
 
 def _reserve(engine, known, ref_steps, timeout):
@@ -439,8 +454,9 @@ def _reserve(engine, known, ref_steps, timeout):
     return slot, got_rows.tolist(), fresh.tolist()
 
 
-def _commit(engine, slot, priority, entries, remember):
+def _commit(engine, slot, priority, entries, remember, episode):
     """Publishes the item in ``slot``; then the writer remembers where its steps went."""
+    record_episode(engine, slot, episode)
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)
@@ -482,7 +498,7 @@ def check_priority(engine, priority) -> float:
     return float(_inputs.check_priorities(engine, priority, 1)[0])
 
 
-def _insert_whole(engine, columns, priority, timeout):
+def _insert_whole(engine, columns, priority, timeout, episode):
     """An item for a table that stores whole items (its first item came from insert):
     the referenced steps are stacked into the item's columns."""
     arrays = []
@@ -494,6 +510,7 @@ def _insert_whole(engine, columns, priority, timeout):
     slots, rows = engine.reserve_items(1, timeout)
     try:
         engine.write_items(slots, rows, arrays, False)
+        record_episode(engine, int(slots[0]), episode)
     except BaseException:
         engine.cancel(slots)
         raise

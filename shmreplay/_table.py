@@ -95,6 +95,7 @@ class TableEngine:
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.meta = views.meta
         self.episodes = L.episode_view(buf, region)  # writers' episode records
+        self.episode_views = None  # their flat views (``_table_info.record_episode``)
         self.data_segment = None
         self.storage = None      # what the data segment holds (``shmreplay._storage``)
         self.columns = None      # the stores: per column (whole items) or per writer field

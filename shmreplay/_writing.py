@@ -11,7 +11,7 @@ Items the rate limiter does not admit yet wait in the writer, in creation order
 """
 
 import collections
-import random
+import os
 import time
 from typing import List, Optional
 
@@ -106,9 +106,6 @@ def item_specs(columns: List[ItemColumn]):
     return out
 
 
-_EPISODE_MASK = (1 << 62) - 1  # episode ids are >= 0 (``-1 - key``: an insert's own)
-
-
 class TableRows:
     """One writer's view of one table.
 
@@ -122,12 +119,9 @@ class TableRows:
         self.entries = {}
         self.plans = {}
         # This writer's episode ids in this table: the base plus its episode number
-        # (``StepRef.episode``). Random, so no other writer's ids meet these.
-        self.episode_base = random.getrandbits(62)
-
-    def episode_id(self, episode: int) -> int:
-        """The id recorded for the items of the writer's ``episode`` (>= 0)."""
-        return (self.episode_base + episode) & _EPISODE_MASK
+        # (``StepRef.episode``), below 2**63. From os.urandom, so no other writer's ids
+        # meet these (actors often seed ``random`` alike).
+        self.episode_base = int.from_bytes(os.urandom(8), "little") >> 2
 
     def forget_before(self, uid: int):
         """Drops entries of steps older than ``uid`` (no history can reference them)."""
@@ -297,7 +291,7 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     it within ``timeout`` (0: do not wait).
     """
     engine = rows.engine
-    episode = rows.episode_id(columns[0].refs[0].episode)
+    episode = rows.episode_base + columns[0].refs[0].episode
     if not plan.steps:
         return _insert_whole(engine, columns, priority, timeout, episode)
     if plan.uniform:
@@ -396,7 +390,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     full = plan.full_mask
     n = len(uids)
     # A legacy Writer's steps are all of its one episode; a TrajectoryWriter's refs say.
-    episode = rows.episode_id(0 if by_step else refs[0][0].episode)
+    episode = rows.episode_base if by_step else rows.episode_base + refs[0][0].episode
     known_rows, known_gens, out, out_rows, out_fresh = plan.scratch(n)
     complete = [False] * n  # the remembered row holds every column of the step
     for i, uid in enumerate(uids):

@@ -44,3 +44,21 @@ def own_and_hang(port, ready):
     server = shmreplay.Server([shmreplay.Table.queue("q", 10)], port=port)
     ready.put((server.name, os.getpid()))
     time.sleep(120)
+
+
+def write_episode(name, steps, result):
+    """Writes one TrajectoryWriter episode of ``steps`` one-step items into table "t",
+    with Python's ``random`` seeded as every actor of a run might be."""
+    import random
+    random.seed(0)
+    np.random.seed(0)
+    try:
+        with shmreplay.Client(name) as client:
+            with client.trajectory_writer(1) as writer:
+                for step in range(steps):
+                    writer.append({"x": np.full(2, step, np.float32)})
+                    writer.create_item("t", 1.0, {"x": writer.history["x"][-1]})
+                writer.end_episode()
+        result.put("ok")
+    except BaseException as exc:
+        result.put(f"{type(exc).__name__}: {exc}")

@@ -2,6 +2,7 @@
 signature as given, ``num_episodes`` and ``num_unique_samples`` (Reverb's
 server_test.py ``TableTest`` and client_test.py ``test_server_info`` read these)."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
+import _address_workers as workers
 import _names
 import shmreplay
 from shmreplay import _checkpoint, rate_limiters, selectors
@@ -177,6 +179,23 @@ def test_num_episodes_counts_writer_episodes_and_inserts(buffer_name):
                         writer.create_item("l", 1, 1.0)
             assert _episodes(client, "l") == 2
             assert client.server_info()["l"].current_size == 6
+
+
+def test_episodes_of_writers_in_spawned_processes_are_distinct(buffer_name):
+    spawn = multiprocessing.get_context("spawn")
+    with shmreplay.Server([_fifo()], name=buffer_name) as server:
+        result = spawn.Queue()
+        procs = [spawn.Process(target=workers.write_episode, args=(server.name, 3, result))
+                 for _ in range(2)]
+        for proc in procs:
+            proc.start()
+        outcomes = [result.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(30)
+        assert outcomes == ["ok", "ok"]
+        with shmreplay.Client(server.name) as client:
+            assert client.server_info()["t"].current_size == 6
+            assert _episodes(client) == 2  # alike seeds, distinct episodes
 
 
 def test_num_episodes_follows_eviction_deletion_and_reset(buffer_name):

@@ -59,7 +59,8 @@ class Client:
 
     @property
     def server_address(self) -> str:
-        return self._name
+        """The address this Client was given (a name, or ``"localhost:P"``), as Reverb's."""
+        return self._address
 
     def __reduce__(self):
         return (Client, (self._address, self._trust_group))

@@ -19,7 +19,6 @@ import cloudpickle
 
 from shmreplay import _layout as L
 from shmreplay import _segment, errors
-from shmreplay._address import MAX_BUFFER_NAME  # noqa: F401 (read as _buffer.MAX_BUFFER_NAME)
 from shmreplay._procs import start_time
 from shmreplay._kernels import codes
 from shmreplay._table import TableEngine

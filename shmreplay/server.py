@@ -90,7 +90,7 @@ class Server:
             raise ValueError("At least one table must be provided.")
         _check_tables(tables)
         if name is not None:
-            names = [_check_name(validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME))]
+            names = [_check_name(validate_name(name, "Buffer", _address.MAX_BUFFER_NAME))]
         elif port is not None:
             names = [_address.name_for_port(port)]
         else:  # the first free port, by exclusive creation

@@ -8,7 +8,6 @@ import multiprocessing
 import os
 import pickle
 import random
-import signal
 import socket
 
 import numpy as np

@@ -16,7 +16,6 @@ import _address_workers as workers
 import _names
 import shmreplay
 from shmreplay import _checkpoint, rate_limiters, selectors
-from shmreplay.specs import TensorSpec
 
 SELECTORS = {
     "uniform": (selectors.Uniform, "uniform", False),

@@ -215,6 +215,25 @@ def test_a_pickled_lazy_client_connects_in_a_spawned_worker():
         == "localhost:8000"
 
 
+def test_a_lazy_client_inherited_by_a_forked_child_connects_there():
+    # (fork on purpose: the child inherits the unconnected Client object itself)
+    name = _names.unique("forked")
+    client = shmreplay.Client(name)
+    result = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(
+        target=workers.insert_with, args=(client, 4.0, result))
+    child.start()
+    try:
+        with shmreplay.Server(queue(), name=name):
+            status, key = result.get(timeout=60)
+            assert status == "ok", key
+            sample = client.sample_batch("q", 1, timeout=5)  # the parent's own connection
+            assert int(sample.info.key[0]) == key
+    finally:
+        join(child)
+        client.close()
+
+
 def test_the_timeout_error_names_the_buffer_and_those_that_exist():
     name = _names.unique("other")
     with shmreplay.Server(queue(), name=name):

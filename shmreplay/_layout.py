@@ -34,6 +34,11 @@ One table region is five arrays (kernels receive them as views, never offsets):
 * ``prio``  float64 view of the ``M_PRIO`` column of ``meta``: each slot's priority.
 * ``trees`` float64[2, 2 * P]: a 1-indexed sum-tree per selector role (0 = sampler,
   1 = remover) whose leaves ``P + slot`` hold ``priority ** exponent``.
+* ``episodes`` int64[capacity, 2]: ``(version, episode id)`` per slot, written by a
+  writer while it holds the slot reserved. The record belongs to the item in the slot
+  only while the version equals the slot's ``M_VERSION`` (a new reservation bumps it),
+  so an item from ``insert``, which writes none, is its own episode, and a record is
+  never cleared. Read only by ``TableInfo.num_episodes`` and checkpoints.
 
 Capacity is ``max_size + spare`` slots: ``spare`` slots let writers copy new items while
 the table is full (the remover evicts at commit, as Reverb does). Pages that are never
@@ -49,7 +54,7 @@ from shmreplay._kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5  # 4: the episodes array; 5: item forms and layout stamps
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -105,11 +110,14 @@ MUTEX_WORDS = 8
  # Tests only (``shmreplay._crash_points``): the process ``C_STOP_PID`` stops itself
  # (SIGSTOP) when it reaches stop point ``C_STOP_POINT`` inside a kernel.
  C_STOP_POINT, C_STOP_PID,
+ # 1 once a writer has recorded an episode (``episodes``): until then every item is
+ # its own episode, and ``TableInfo`` reads no record (nor maps its pages).
+ C_EPISODES_RECORDED,
  # Bumped when ``Client.reset`` forgets the layout of a table without a signature. Every
  # process's step arrays carry the generation they were mapped for (``stamp_rows``),
  # and kernels refuse a stale one with UNMAPPED: no process writes or reads through a
  # mapping of a forgotten layout.
- C_LAYOUT_GEN) = range(MUTEX_WORDS, MUTEX_WORDS + 46)
+ C_LAYOUT_GEN) = range(MUTEX_WORDS, MUTEX_WORDS + 47)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
@@ -129,6 +137,10 @@ F_WORDS = 8
  # ... and dense structures indexed by position, not slot.
  M_LIVE, M_HEAP0, M_HEAP1) = range(16)
 META_FIELDS = 16  # 128 bytes: two cache lines per slot
+
+# Fields of a slot's episode record ``episodes[slot, E_*]``.
+E_VERSION, E_EPISODE = range(2)
+EPISODE_FIELDS = 2
 
 
 def _align(n: int, to: int = ALIGN) -> int:
@@ -161,6 +173,7 @@ class TableRegion:
     meta: int
     prio: int
     trees: int
+    episodes: int
     end: int
 
 
@@ -174,8 +187,9 @@ def plan_table(offset: int, table) -> TableRegion:
     meta = _align(fctrl + F_WORDS * 8)
     prio = meta + M_PRIO * 8
     trees = _align(meta + META_FIELDS * capacity * 8)
-    end = _align(trees + 2 * max(2 * leaves, 1) * 8)
-    return TableRegion(offset, capacity, leaves, ctrl, fctrl, meta, prio, trees, end)
+    episodes = _align(trees + 2 * max(2 * leaves, 1) * 8)
+    end = _align(episodes + EPISODE_FIELDS * capacity * 8)
+    return TableRegion(offset, capacity, leaves, ctrl, fctrl, meta, prio, trees, episodes, end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +233,12 @@ def table_views(buf, region: TableRegion) -> TableViews:
         prio=np.frombuffer(buf, np.float64, META_FIELDS * cap, region.meta)[M_PRIO::META_FIELDS],
         trees=np.frombuffer(buf, np.float64, 2 * tree_len, region.trees).reshape(2, tree_len),
     )
+
+
+def episode_view(buf, region: TableRegion) -> np.ndarray:
+    """The ``episodes`` array of one table region: ``[capacity, EPISODE_FIELDS]``."""
+    return np.frombuffer(buf, np.int64, EPISODE_FIELDS * region.capacity,
+                         region.episodes).reshape(region.capacity, EPISODE_FIELDS)
 
 
 def table_offsets(region: TableRegion) -> np.ndarray:

@@ -148,7 +148,23 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
         forms = saved.array("forms")
         for index in np.flatnonzero(forms).tolist():
             _item_forms.record(engine, int(keys[index]), int(forms[index]))
+    _restore_episodes(engine, saved, slots)
     return evicted
+
+
+def _restore_episodes(engine, saved: TableCheckpoint, slots):
+    """Ties restored items to their writers' episodes again (``_layout``'s records;
+    ``restore_items`` gave each slot a new version). A format 1 checkpoint has no
+    episodes: each of its items is its own."""
+    if "episode" not in saved.layout or not saved.num_items:
+        return
+    episodes = np.array(saved.array("episode"))
+    mine = episodes >= 0
+    slots = np.asarray(slots)[mine]
+    engine.episodes[slots, L.E_EPISODE] = episodes[mine]
+    engine.episodes[slots, L.E_VERSION] = engine.meta[slots, L.M_VERSION]
+    if slots.size:
+        engine.ctrl[L.C_EPISODES_RECORDED] = 1
 
 
 def _damaged(saved: TableCheckpoint, problem: str) -> errors.CheckpointError:

@@ -23,8 +23,8 @@ from shmreplay import _batch_outputs, _outputs, _segment, _staging, _storage, _s
 from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
-from shmreplay.replay_sample import (
-    RateLimiterCallStats, RateLimiterInfo, ReplaySample, SampleInfo, SelectorOptions, TableInfo)
+from shmreplay import _table_info
+from shmreplay.replay_sample import ReplaySample, SampleInfo, TableInfo
 
 _RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
 
@@ -98,6 +98,8 @@ class TableEngine:
         self.refs, self.rows = L.no_step_views(self.layout_gen)
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.meta = views.meta
+        self.episodes = L.episode_view(buf, region)  # writers' episode records
+        self.episode_views = None  # their flat views (``_table_info.record_episode``)
         self.data_segment = None
         self.storage = None      # what the data segment holds (``shmreplay._storage``)
         self.columns = None      # the stores: per column (whole items) or per writer field
@@ -1110,10 +1112,7 @@ class TableEngine:
         if c[L.C_CLOSED]:  # stopped by its owner: what it held is gone
             self._raise_status(codes.CLOSED)
         self.has_columns()
-        # The configured signature, as Reverb reports it (it may describe one step of
-        # a legacy Writer's items); else what the first item fixed.
-        info = _make_info(self.config, self.config.signature if self.config.signature
-                          is not None else self.signature, c)
+        info = _table_info.make_info(self.config, c, _table_info.count_episodes(self, c))
         if self.storage is not None:
             stored = c[L.C_ROWS_LIVE] if self.storage.steps else c[L.C_SIZE] + c[L.C_PENDING]
             info = dataclasses.replace(
@@ -1190,32 +1189,3 @@ def _flat_access(treedef):
     if treedef.kind == specs.optree.PyTreeKind.TUPLE:
         return False
     return None
-
-
-def _make_info(config, signature, c) -> TableInfo:
-    limiter = config.rate_limiter
-    return TableInfo(
-        name=config.name,
-        sampler_options=SelectorOptions(config.sampler.options),
-        remover_options=SelectorOptions(config.remover.options),
-        max_size=config.max_size,
-        max_times_sampled=config.max_times_sampled,
-        rate_limiter_info=RateLimiterInfo(
-            samples_per_insert=limiter.samples_per_insert,
-            min_diff=limiter.min_diff,
-            max_diff=limiter.max_diff,
-            min_size_to_sample=limiter.min_size_to_sample,
-            insert_stats=RateLimiterCallStats(int(c[L.C_INSERTS])),
-            sample_stats=RateLimiterCallStats(int(c[L.C_SAMPLES])),
-            delete_stats=RateLimiterCallStats(int(c[L.C_DELETES]))),
-        signature=signature,
-        current_size=int(c[L.C_SIZE]),
-        num_unique_samples=int(c[L.C_NUM_UNIQUE]),
-        num_inserted=int(c[L.C_TOTAL_INSERTED]),
-        num_sampled=int(c[L.C_TOTAL_SAMPLED]),
-        num_deleted=int(c[L.C_TOTAL_DELETED]))
-
-
-def static_info(config) -> TableInfo:
-    """The info of a table that no server owns yet (all counters zero)."""
-    return _make_info(config, config.signature, np.zeros(L.CTRL_WORDS, np.int64))

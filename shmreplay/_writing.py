@@ -11,6 +11,7 @@ Items the rate limiter does not admit yet wait in the writer, in creation order
 """
 
 import collections
+import os
 import time
 from typing import List, Optional
 
@@ -21,6 +22,7 @@ from shmreplay import _inputs, _item_forms, errors, specs
 from shmreplay._item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._kernels import table as kernels
 from shmreplay._table import _PID
+from shmreplay._table_info import record_episode
 
 _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
@@ -98,6 +100,10 @@ class TableRows:
         self.engine = engine
         self.entries = {}
         self.plans = {}
+        # This writer's episode ids in this table: the base plus its episode number
+        # (``StepRef.episode``), below 2**63. From os.urandom, so no other writer's ids
+        # meet these (actors often seed ``random`` alike).
+        self.episode_base = int.from_bytes(os.urandom(8), "little") >> 2
 
     def forget(self):
         """Drops everything remembered: the table's layout was forgotten (``reset``)."""
@@ -230,8 +236,9 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
 def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
                  timeout, uids):
     engine = rows.engine
+    episode = rows.episode_base + columns[0].refs[0].episode
     if not plan.steps:
-        return _insert_whole(engine, columns, priority, timeout, plan.form)
+        return _insert_whole(engine, columns, priority, timeout, plan.form, episode)
     if plan.uniform:
         if uids is None:
             uids = [ref.uid for ref in columns[0].refs]
@@ -301,7 +308,7 @@ def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], pri
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember, plan.form)
+    return _commit(engine, slot, priority, entries, remember, plan.form, episode)
 
 
 def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float, timeout):
@@ -329,6 +336,8 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     entries = rows.entries
     full = plan.full_mask
     n = len(uids)
+    # A legacy Writer's steps are all of its one episode; a TrajectoryWriter's refs say.
+    episode = rows.episode_base if by_step else rows.episode_base + refs[0][0].episode
     known_rows, known_gens, out, out_rows, out_fresh = plan.scratch(n)
     complete = [False] * n  # the remembered row holds every column of the step
     for i, uid in enumerate(uids):
@@ -368,7 +377,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember, plan.form)
+    return _commit(engine, slot, priority, entries, remember, plan.form, episode)
 
 
 def _reserve(engine, known, ref_steps, timeout):
@@ -386,8 +395,9 @@ def _reserve(engine, known, ref_steps, timeout):
     return slot, got_rows.tolist(), fresh.tolist()
 
 
-def _commit(engine, slot, priority, entries, remember, form: int):
+def _commit(engine, slot, priority, entries, remember, form: int, episode):
     """Publishes the item in ``slot``; then the writer remembers where its steps went."""
+    record_episode(engine, slot, episode)
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)
@@ -430,7 +440,7 @@ def check_priority(engine, priority) -> float:
     return float(_inputs.check_priorities(engine, priority, 1)[0])
 
 
-def _insert_whole(engine, columns, priority, timeout, form: int):
+def _insert_whole(engine, columns, priority, timeout, form: int, episode):
     """An item for a table that stores whole items (its first item came from insert):
     the referenced steps are stacked into the item's columns (in the table's form)."""
     arrays = []
@@ -443,6 +453,7 @@ def _insert_whole(engine, columns, priority, timeout, form: int):
     slots, rows = engine.reserve_items(1, timeout)
     try:
         engine.write_items(slots, rows, arrays, False)
+        record_episode(engine, int(slots[0]), episode)
     except BaseException:
         engine.cancel(slots)
         raise

@@ -17,6 +17,8 @@ The contract, in one place:
 * ``BufferBrokenError``: the buffer broke underneath you: its owner stopped and removed
   it, or it is corrupt. The OS error, if any, is the ``__cause__``.
 * ``BufferNotFoundError``: no buffer of that name exists on this machine.
+  ``BufferNotReadyError``, also a ``DeadlineExceededError``, is the one a Client's call
+  raises after waiting for its buffer up to its ``timeout`` (Reverb's lazy connection).
 * ``BufferExistsError`` (also a ``FileExistsError``): ``Server(name=...)`` with a name
   a buffer already has; the message says whether its owner is alive (and its pid) or
   dead, and that ``shmreplay gc`` removes a dead owner's buffer.
@@ -55,6 +57,13 @@ class BufferBrokenError(ShmReplayError, RuntimeError):
 
 class BufferNotFoundError(ShmReplayError, FileNotFoundError):
     """No shmreplay buffer with this name exists on this machine."""
+
+
+class BufferNotReadyError(BufferNotFoundError, DeadlineExceededError):
+    """A Client's call waited for its buffer to be created, up to its timeout, in vain.
+
+    Both a ``BufferNotFoundError`` and a ``DeadlineExceededError`` (Reverb raises the
+    latter when no server answers within the deadline)."""
 
 
 class BufferExistsError(ShmReplayError, FileExistsError):

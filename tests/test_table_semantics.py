@@ -501,8 +501,11 @@ def test_server_info():
         # read as attributes too, as Reverb's test_server_info reads its protos
         assert dist.sampler_options.prioritized.priority_exponent == 1
         assert dist.remover_options.fifo is True and dist.sampler_options.fifo is False
-        with pytest.raises(AttributeError, match="no field 'heap'"):
-            dist.sampler_options.heap
+        # an unset field of the proto's oneof reads as its default, as in Reverb
+        assert dist.sampler_options.heap.min_heap is False
+        assert not dist.sampler_options.HasField("heap")
+        with pytest.raises(AttributeError, match="no field 'nonsense'"):
+            dist.sampler_options.nonsense
         assert dist.num_inserted == 3
         assert dist.num_sampled == 1
         assert dist.num_deleted == 0

@@ -72,16 +72,16 @@ def warm_up(log: bool = True) -> WarmUp:
       A ``WarmUp`` record.
     """
     global _complete
-    from shmreplay._kernels import _jit
+    from shmreplay._kernels import _jit, table
     start = time.monotonic()
     if _running or _complete:  # the scratch run's own Servers; a later Server
-        return WarmUp(0, len(_jit.entry_points()), 0.0, _jit.cache_directory())
-    total = len(_jit.entry_points())
+        return WarmUp(0, len(_jit.entry_points(table)), 0.0, _jit.cache_directory())
+    total = len(_jit.entry_points(table))
     missing = []
-    if _jit.uncached():
+    if _jit.uncached(table):
         with _jit.machine_lock():
             # Another process may have compiled them while this one waited for the lock.
-            missing = _jit.uncached()
+            missing = _jit.uncached(table)
             if missing:
                 if log:
                     _log.warning("shmreplay: compiling kernels, first run only: ~%d s "

@@ -126,8 +126,8 @@ def test_a_cold_machine_compiles_once_and_then_no_process_compiles():
         if not results[-1][0]:
             assert re.match(r"all \d+ kernels were already compiled", out), out
         # The warm-up reached every kernel that Python calls.
-        probe = ("import json; from shmreplay._kernels import _jit; "
-                 "print(json.dumps([d.py_func.__name__ for d in _jit.uncached()]))")
+        probe = ("import json; from shmreplay._kernels import _jit, table; "
+                 "print(json.dumps([d.py_func.__name__ for d in _jit.uncached(table)]))")
         assert _finish(_python(probe, cache))[0] == []
         # A fresh process making every kind of call compiles nothing.
         compiled, err = _finish(_python(_EVERY_CALL, cache, _names.unique("every")))
@@ -152,11 +152,11 @@ def test_a_warm_cache_is_reported_complete_and_nothing_is_compiled():
 
 
 def test_python_calls_only_entry_points():
-    """The cache probe checks only ``_jit.entry_points()``: a kernel that Python calls
+    """The cache probe checks only ``_jit.entry_points(table)``: a kernel that Python calls
     outside that set would be invisible to it (and compile lazily in every process)."""
     import ast
-    entry = {d.py_func.__name__ for d in __import__("shmreplay._kernels._jit",
-                                                     fromlist=["x"]).entry_points()}
+    from shmreplay._kernels import _jit, table
+    entry = {d.py_func.__name__ for d in _jit.entry_points(table)}
     called = set()
     for path in (ROOT / "shmreplay").glob("*.py"):
         tree = ast.parse(path.read_text())
@@ -246,7 +246,7 @@ def test_a_failing_warm_up_does_not_fail_the_server(monkeypatch, buffer_name, ca
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_warmup, "_complete", False)
-    monkeypatch.setattr(_jit, "uncached", lambda: ["a kernel"])
+    monkeypatch.setattr(_jit, "uncached", lambda module: ["a kernel"])
     monkeypatch.setattr(_warmup, "_call_every_kernel", full)
     with caplog.at_level("WARNING", logger="shmreplay"):
         with shmreplay.Server([shmreplay.Table.queue("q", 2)], name=buffer_name) as server:

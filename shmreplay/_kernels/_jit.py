@@ -79,13 +79,13 @@ def jit(function, inline: bool):
     return dispatcher
 
 
-def entry_points():
-    """The kernels that Python code calls: the public functions of ``_kernels.table``.
+def entry_points(module):
+    """The kernels that Python code calls: the public functions of ``module``
+    (``shmreplay._kernels.table``, which the caller imports: this module is below it).
 
     Loading one of them from the cache loads everything it calls, compiled in.
     """
-    import shmreplay._kernels.table  # noqa: F401  (defines them)
-    return [d for d in DISPATCHERS if d.py_func.__module__ == "shmreplay._kernels.table"
+    return [d for d in DISPATCHERS if d.py_func.__module__ == module.__name__
             and not d.py_func.__name__.startswith("_")]
 
 
@@ -123,13 +123,13 @@ def cache_directory() -> str:
 _directory = None
 
 
-def uncached():
-    """The entry points that are neither loaded in this process nor in numba's cache
-    for this machine (its CPU, numba's version, the kernels' current sources).
+def uncached(module):
+    """The entry points of ``module`` that are neither loaded in this process nor in
+    numba's cache for this machine (its CPU, numba's version, the kernels' sources).
 
     Reads each one's cache index (a few kB); compiles and loads nothing.
     """
-    entries = entry_points()
+    entries = entry_points(module)
     machine = entries[0].targetctx.codegen().magic_tuple()
     missing = []
     for dispatcher in entries:

@@ -1,6 +1,16 @@
-"""Is a process alive? (Used to find dead writers and dead owners.)"""
+"""Is a process alive? (Used to find dead writers and dead owners.) And this process's
+pid, for the hot paths."""
 
 import os
+
+PID = [os.getpid()]  # this process's pid, read without a system call (kept right across fork)
+
+
+def _after_fork():
+    PID[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def start_time(pid: int) -> int:

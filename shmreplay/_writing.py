@@ -21,7 +21,7 @@ from shmreplay import _layout as L
 from shmreplay import _inputs, _item_forms, errors, specs
 from shmreplay._item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._kernels import table as kernels
-from shmreplay._table import _PID
+from shmreplay._procs import PID as _PID
 from shmreplay._table_info import record_episode
 
 _SCRATCH_PROB = np.empty(2, np.float64)

@@ -1,0 +1,159 @@
+"""A table's data segment: created by the process whose item first defines the table's
+layout, and validated in full by every other process before it maps it.
+
+The segment starts with a header (``_layout.DATA_HEADER``: magic, version, completion
+flag, the pickled ``_storage.Storage``'s length, size and layout generation), then the
+storage description itself, then the arrays ``_layout.plan_data`` places. A process
+that attaches trusts none of it until checked: another user (a group member) or a
+crash may have left anything there. ``TableEngine`` maps what these functions return.
+"""
+
+import cloudpickle
+import numpy as np
+
+from shmreplay import _layout as L
+from shmreplay import _segment, _storage, errors, specs
+
+
+def create(engine, storage):
+    """Creates and fills ``engine``'s table's data segment for ``storage``; returns
+    ``(segment, plan, generation)`` for the engine to map.
+
+    Its mode and group follow the buffer's header, whichever process creates it:
+    0600, or 0660 and the header segment's group when the buffer is shared with its
+    owner's group (``engine.access``, which ``shmreplay._buffer.Buffer`` sets).
+
+    Raises:
+      FileExistsError: if another process created it first.
+    """
+    access = getattr(engine, "access", _segment.PRIVATE)
+    blob = cloudpickle.dumps(storage)
+    plan = L.plan_data(storage, engine.capacity, len(blob))
+    name = L.data_segment_name(engine.buffer_name, engine.index)
+    segment = _segment.Segment.create(name, plan.total_bytes, access.mode, access.group)
+    generation = int(engine.ctrl[L.C_LAYOUT_GEN])  # (stable: the layout is not ready)
+    try:
+        header = L.data_header_view(segment.buf)
+        header["magic"] = L.DATA_MAGIC
+        header["layout_version"] = L.LAYOUT_VERSION
+        header["schema_len"] = len(blob)
+        header["total_bytes"] = plan.total_bytes
+        header["generation"] = generation
+        segment.buf[plan.schema_offset:plan.schema_offset + len(blob)] = blob
+        if storage.steps:
+            L.step_views(segment.buf, plan, engine.capacity, generation)[1][-1] = generation
+        header["complete"] = 1
+    except BaseException:
+        segment.unlink()
+        segment.close()
+        raise
+    return segment, plan, generation
+
+
+def attach(engine):
+    """Opens the data segment another process created and validates all of it;
+    returns ``(segment, storage, plan, generation)`` for the engine to map, or None if
+    it is the segment of a layout forgotten since (``reset``).
+
+    Its owner and mode are checked against the buffer's (``engine.access``) before a
+    byte is read, every header field before it is used, and the unpickled storage
+    against the segment's size and the table's control block before any view or
+    kernel relies on it.
+
+    Called only once the table's control block says the segment is ready.
+
+    Raises:
+      BufferNotFoundError: if it does not exist (any more).
+      LayoutMismatchError: if it is refused, foreign, truncated or inconsistent.
+    """
+    access = getattr(engine, "access", _segment.PRIVATE)
+    name = L.data_segment_name(engine.buffer_name, engine.index)
+    segment = _segment.Segment.attach(name, f"table '{engine.name}' data", access)
+
+    def corrupt(problem):
+        return errors.LayoutMismatchError(
+            f"Table '{engine.name}': data segment {name} {problem}.")
+
+    try:
+        if segment.size < L.DATA_HEADER_SIZE:
+            raise corrupt(f"has {segment.size} bytes, less than its header")
+        header = L.data_header_view(segment.buf)
+        if (header["magic"][0] != L.DATA_MAGIC
+                or header["layout_version"][0] != L.LAYOUT_VERSION
+                or header["total_bytes"][0] != segment.size):
+            raise corrupt("has a foreign or corrupt header")
+        complete = int(header["complete"][0])
+        if complete != 1:
+            # Its creator sets the flag before the table's C_SCHEMA_READY, and only a
+            # ready table's segment is attached: unfinished now means corrupt.
+            raise corrupt(f"has an invalid completion flag {complete}")
+        length = int(header["schema_len"][0])
+        if not 0 < length <= segment.size - L.DATA_HEADER_SIZE:
+            raise corrupt(f"has an impossible schema length {length}")
+        if segment.buf[L.DATA_HEADER_SIZE + length - 1] != ord("."):  # a pickle's last byte
+            raise corrupt(f"has a schema that does not end at its length {length}")
+        try:
+            storage = cloudpickle.loads(
+                segment.buf[L.DATA_HEADER_SIZE:L.DATA_HEADER_SIZE + length])
+            if type(storage) is not _storage.Storage or type(storage.steps) is not bool:
+                raise TypeError(f"a {type(storage).__name__}, not a Storage")
+            column_specs = specs.flatten(storage.signature)[0]
+            stores = storage.store_specs
+            for spec in stores:
+                dtype = spec.dtype
+                # An unpickled dtype carries its flags: rebuild it from its name and
+                # compare, so that a damaged one (say, flagged as holding objects)
+                # is refused before numpy maps memory with it.
+                if not (isinstance(dtype, np.dtype) and dtype.kind in "biufc"
+                        and not dtype.hasobject and dtype.fields is None
+                        and dtype.flags == np.dtype(dtype.str).flags
+                        and dtype.itemsize == np.dtype(dtype.str).itemsize
+                        and isinstance(spec.shape, tuple)
+                        and all(type(d) is int and d >= 0 for d in spec.shape)):
+                    raise TypeError(f"an invalid store {spec!r}")
+            if storage.steps:
+                # Each item column reads ``length`` rows of one store: its spec must be
+                # that store's cell, with a time dimension unless squeezed.
+                offset, columns = 0, storage.columns
+                if (len(columns) != len(column_specs)
+                        or len(storage.store_sources) != len(stores)):
+                    raise TypeError("columns that do not match its signature")
+                for column, spec in zip(columns, column_specs):
+                    if (type(column) is not _storage.ColumnRefs
+                            or type(column.store) is not int or type(column.length) is not int
+                            or type(column.squeeze) is not bool
+                            or type(column.offset) is not int
+                            or not 0 <= column.store < len(stores) or column.length < 1
+                            or column.offset != offset
+                            or (column.squeeze and column.length != 1)):
+                        raise TypeError(f"an invalid column {column!r}")
+                    cell = stores[column.store]
+                    shape = cell.shape if column.squeeze else (column.length,) + cell.shape
+                    if tuple(spec.shape) != shape or np.dtype(spec.dtype) != cell.dtype:
+                        raise TypeError(f"a column {spec!r} its store {cell!r} cannot hold")
+                    offset += column.length
+            elif list(stores) != list(column_specs):
+                raise TypeError("stores that do not match its signature")
+            plan = L.plan_data(storage, engine.capacity, length)
+        except Exception as exc:
+            raise corrupt(f"holds an unreadable or invalid schema ({exc})") from exc
+        if plan.total_bytes != segment.size:
+            raise corrupt(f"has {segment.size} bytes, its schema needs {plan.total_bytes}")
+        generation = int(header["generation"][0])
+        if generation != engine.ctrl[L.C_LAYOUT_GEN]:
+            # A layout forgotten (reset) since the table said ready: not this one.
+            segment.close()
+            return False
+        if storage.steps and (engine.ctrl[L.C_ROW_CAPACITY] != plan.row_capacity
+                              or engine.ctrl[L.C_REFS_WIDTH] != plan.width):
+            raise corrupt(
+                f"holds {plan.row_capacity} rows of {plan.width} references, but the "
+                f"table's control block says {engine.ctrl[L.C_ROW_CAPACITY]} of "
+                f"{engine.ctrl[L.C_REFS_WIDTH]}")
+        if storage.steps and L.step_views(segment.buf, plan, engine.capacity,
+                                          generation)[1][-1, 0] != generation:
+            raise corrupt(f"has a layout stamp that is not its generation {generation}")
+    except BaseException:
+        segment.close()
+        raise
+    return segment, storage, plan, generation

@@ -1,0 +1,251 @@
+"""Inserting into a table: reserve a slot (and step rows) under the lock, copy the
+data without it, commit under the lock.
+
+``TableEngine`` takes these methods from ``Inserting``. A reserved slot is WRITING for
+its process until committed or cancelled; a writer that dies holding one is found by
+``reclaim_dead_writers``. Small whole items take one native call and one lock hold
+(``kernels.insert_staged``), batches two (``reserve_whole``, ``commit_whole``).
+"""
+
+import os
+import time
+
+import numpy as np
+
+from shmreplay import _layout as L
+from shmreplay import _staging, errors
+from shmreplay._kernels import codes
+from shmreplay._kernels import table as kernels
+from shmreplay._procs import PID as _PID, pid_alive
+
+RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
+_SCRATCH_IO = np.zeros(2, np.int64)  # for calls that never wait (its content is unused)
+# The remover writes the evicted item's probability here; nobody reads it, so threads
+# may share it.
+_SCRATCH_PROB = np.empty(2, np.float64)
+
+
+class Inserting:
+    """``TableEngine``'s inserting methods (see the module docstring)."""
+
+    def insert_one(self, leaves, priority: float, timeout):
+        """Inserts one validated item; returns its key.
+
+        A small item goes through a staging block and one native call (one lock hold);
+        otherwise, or when that call is blocked: reserve, copy without the lock, commit.
+        """
+        stagings = self._stagings
+        if stagings is not None:
+            try:
+                staging = stagings.pop()  # atomic: this thread's alone until appended
+            except IndexError:
+                staging = _staging.Staging(self.column_specs, self._stores)
+            try:
+                for row, leaf in zip(staging.rows, leaves):
+                    row[0] = leaf
+                key = kernels.insert_staged(self._header_bytes, self._table_offsets,
+                                            self._data_bytes, staging.block, staging.layout,
+                                            priority, _PID[0], _SCRATCH_PROB)
+            finally:
+                stagings.append(staging)
+            if key > 0:
+                return key
+            if key != codes.BLOCKED:
+                self._raise_status(key)
+        slot = kernels.reserve_one(*self.arrays, os.getpid())
+        if slot < 0:
+            if slot != codes.BLOCKED:
+                self._raise_status(slot)
+            slot = self.reserve(1, timeout)[0]
+        try:
+            for column, leaf in zip(self.columns, leaves):
+                column[slot] = leaf
+        except BaseException:
+            self.cancel(np.array([slot]))
+            raise
+        key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB)
+        if key < 0:
+            self._raise_status(key)
+        return key
+
+    def insert_many(self, leaves, priorities, count: int, timeout):
+        """Inserts a validated batch into this whole-item table; returns the keys (uint64
+        [B]), or None if a priority is invalid (checked natively; nothing changed).
+
+        Two native calls around the copy (reserve, then commit), which runs without the
+        lock: one slice per column when the slots are one run, as they usually are.
+        """
+        work = np.empty(5 * count + 1, np.int64)  # slots, run start, commit's scratch
+        status = kernels.reserve_whole(self._header_bytes, self._table_offsets, count,
+                                       priorities, self.max_priority, _PID[0], work,
+                                       _SCRATCH_IO)
+        if status == codes.INVALID_PRIORITY:
+            return None
+        if status < 0:
+            if status != codes.BLOCKED:
+                self._raise_status(status)
+            work[:count] = self.reserve(count, timeout)
+            work[count] = work[0] if kernels.ascending_run(work[:count]) else -1
+        first = int(work[count])
+        try:
+            if first >= 0:
+                rows = slice(first, first + count)
+                for column, leaf in zip(self.columns, leaves):
+                    column[rows] = leaf
+            else:
+                self.write(work[:count], leaves, True)
+        except BaseException:
+            self.cancel(work[:count])
+            raise
+        keys = np.empty(count, np.uint64)
+        status = kernels.commit_whole(self._header_bytes, self._table_offsets, work, count,
+                                      priorities, keys, _SCRATCH_PROB)
+        if status < 0:
+            self._raise_status(status)
+        return keys
+
+    def reserve(self, n: int, timeout):
+        """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots)."""
+        slots = np.empty(n, np.int64)
+        pid = os.getpid()
+        self._blocking(kernels.reserve, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
+                       lambda was_waiting, register: (n, pid, was_waiting, register, slots))
+        return slots
+
+    def write(self, slots, leaves, batched: bool):
+        """Copies one item's (or a batch's) leaves into the reserved slots, without the lock."""
+        if batched:
+            if kernels.ascending_run(slots):
+                rows = slice(int(slots[0]), int(slots[0]) + len(slots))
+            else:
+                rows = slots
+            for column, leaf in zip(self.columns, leaves):
+                column[rows] = leaf
+        else:
+            slot = slots[0]
+            for column, leaf in zip(self.columns, leaves):
+                column[slot] = leaf
+
+    def reserve_item(self, known_rows, known_gens, ref_steps, timeout):
+        """Reserves a slot and step rows for one item of step storage (blocking).
+
+        See ``kernels.reserve_item``. Returns ``(slot, rows, fresh)``: the row of each
+        distinct step, and whether it is new (to be written by the caller).
+        """
+        if ref_steps.shape[0] != self.refs.shape[1] or not 0 < known_rows.shape[0] <= len(ref_steps):
+            raise ValueError(f"Table '{self.name}': an item of step storage needs "
+                             f"{self.refs.shape[1]} references (got {ref_steps.shape[0]}) over "
+                             f"1..{ref_steps.shape[0]} distinct steps (got {known_rows.shape[0]}).")
+        distinct = known_rows.shape[0]
+        rows = np.empty(distinct, np.int64)
+        fresh = np.empty(distinct, np.int64)
+        pid = os.getpid()
+        slot = self._blocking(
+            kernels.reserve_item, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
+            lambda was_waiting, register: (known_rows, known_gens, ref_steps, pid, was_waiting,
+                                           register, rows, fresh))
+        return slot, rows, fresh
+
+    def reserve_items(self, count: int, timeout):
+        """Reserves ``count`` items for data given whole (``insert``): ``(slots, rows)``.
+
+        ``rows`` is None for whole-item storage; for step storage, each item gets new
+        rows (``split_rows`` says which reference uses which).
+        """
+        if not self.storage.steps:
+            return self.reserve(count, timeout), None
+        ref_steps, distinct = self._split_plan()
+        known = np.full(distinct, -1, np.int64)
+        gens = np.zeros(distinct, np.int64)
+        if count == 1:  # nothing else is held while this one waits
+            slot, rows, _ = self.reserve_item(known, gens, ref_steps, timeout)
+            return np.array([slot], np.int64), rows.reshape(1, distinct)
+        # Several items, one reservation each: take them all without waiting, or hand
+        # back what was taken and wait, holding nothing, until the limiter admits them
+        # all (holding some while waiting for the rest blocked other inserters).
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            slots = np.empty(count, np.int64)
+            rows = np.empty((count, distinct), np.int64)
+            done = 0
+            try:
+                for i in range(count):
+                    slots[i], rows[i], _ = self.reserve_item(known, gens, ref_steps, 0.0)
+                    done += 1
+                return slots, rows
+            except errors.DeadlineExceededError:
+                self.cancel(slots[:done])
+            except BaseException:
+                self.cancel(slots[:done])
+                raise
+            self._wait_until_insertable(count, deadline, timeout)
+
+    def _wait_until_insertable(self, count: int, deadline, timeout):
+        """Polls ``can_insert(count)`` (a rare path: batches into step storage)."""
+        pause = 0.0005
+        next_reclaim = time.monotonic() + RECLAIM_EVERY
+        while not self.can_insert(count):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise errors.DeadlineExceededError(
+                    f"Table '{self.name}': the rate limiter did not allow {count} inserts "
+                    f"within the timeout of {errors.seconds(timeout)}.")
+            if now >= next_reclaim:
+                self.reclaim_dead_writers()
+                next_reclaim = now + RECLAIM_EVERY
+            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+            pause = min(2 * pause, 0.01)
+
+    def _split_plan(self):
+        """How whole item data maps onto new rows: ``(ref_steps, distinct)``.
+
+        Columns stored in different stores share rows (row ``j`` holds each column's
+        ``j``-th step); columns sharing a store get rows of their own.
+        """
+        plan = getattr(self, "_split", None)
+        if plan is None:
+            used = {}
+            ref_steps = []
+            for column in self.storage.columns:
+                base = used.get(column.store, 0)
+                ref_steps.extend(range(base, base + column.length))
+                used[column.store] = base + column.length
+            plan = self._split = (np.array(ref_steps, np.int64), max(used.values()))
+        return plan
+
+    def write_items(self, slots, rows, arrays, batched: bool):
+        """Copies whole items' columns into their reserved slots or rows, without the lock."""
+        if rows is None:
+            self.write(slots, arrays, batched)
+            return
+        ref_steps, _ = self._split_plan()
+        for column, array in zip(self.storage.columns, arrays):
+            store = self.columns[column.store]
+            steps = ref_steps[column.offset:column.offset + column.length]
+            for i in range(len(slots)):
+                value = array[i] if batched else array
+                if column.squeeze:
+                    store[rows[i, steps[0]]] = value
+                else:
+                    store[rows[i, steps]] = value
+
+    def commit(self, slots, priorities):
+        keys = np.empty(len(slots), np.int64)
+        status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
+                                np.empty((2, 2 * len(slots)), np.int64))
+        if status < 0:
+            self._raise_status(status)
+        return keys.view(np.uint64)
+
+    def cancel(self, slots):
+        self._call(kernels.cancel, slots, np.full(len(slots), os.getpid(), np.int64))
+
+    def reclaim_dead_writers(self) -> int:
+        """Frees slots reserved by writers that died before committing them."""
+        slots = np.empty(self.capacity, np.int64)
+        pids = np.empty(self.capacity, np.int64)
+        count = kernels.writing_slots(*self.arrays, slots, pids)
+        dead = [i for i in range(max(count, 0)) if not pid_alive(int(pids[i]))]
+        if not dead:
+            return 0
+        return self._call(kernels.cancel, slots[dead], pids[dead])

@@ -79,6 +79,17 @@ def _shapes_like(dtypes, shapes):
     return tuple(tf.TensorShape(shapes).as_list())
 
 
+def _check_dtypes(table, dtypes, paths, wanted):
+    if len(dtypes) != len(wanted):
+        raise _Failed(_INVALID, f"Table '{table}': its items have {len(dtypes)} tensors, "
+                                f"data_dtypes asks for {len(wanted)}.")
+    for index, (dtype, want) in enumerate(zip(dtypes, wanted)):
+        if np.dtype(dtype) != want.as_numpy_dtype:
+            column = f"column {paths[index]}" if paths else f"tensor {index}"
+            raise _Failed(_INVALID, f"Table '{table}', {column}: the items hold "
+                                    f"{np.dtype(dtype).name}, data_dtypes asks for {want.name}.")
+
+
 class TFClient:
     """Reverb's ``TFClient``: a buffer's insert, sample and priority updates as ops.
 
@@ -200,19 +211,18 @@ class TFClient:
 
     def _sample(self, table, flat_dtypes):
         table = _one_string(table, "table")
+        client = self._connected()
         try:
-            step = next(self._connected().sample(table, 1))[0]
+            engine = client._engine(table)
+            layout = engine.known_layout()
+            if layout is not None:  # check before sampling: a refused call samples nothing
+                _, column_specs, paths = layout
+                _check_dtypes(table, [s.dtype for s in column_specs], paths, flat_dtypes)
+            step = next(client.sample(table, 1))[0]
         except (errors.ShmReplayError, ValueError, TypeError) as exc:
             raise _status(exc) from exc
         leaves = specs.optree.tree_leaves(step.data)
-        if len(leaves) != len(flat_dtypes):
-            raise _Failed(_INVALID, f"Table '{table}': the sampled item has {len(leaves)} "
-                                    f"tensors, data_dtypes asks for {len(flat_dtypes)}.")
-        for index, (leaf, dtype) in enumerate(zip(leaves, flat_dtypes)):
-            if np.dtype(leaf.dtype) != dtype.as_numpy_dtype:
-                raise _Failed(_INVALID, f"Table '{table}': tensor {index} of the sampled "
-                                        f"item is {np.dtype(leaf.dtype).name}, data_dtypes "
-                                        f"asks for {dtype.name}.")
+        _check_dtypes(table, [leaf.dtype for leaf in leaves], None, flat_dtypes)
         info = [np.asarray(value, dtype) for value, dtype in zip(step.info, _INFO_DTYPES)]
         return info + [np.asarray(leaf) for leaf in leaves]
 
@@ -290,9 +300,12 @@ class TFClient:
 
         results = tf.numpy_function(call, inputs, [tf.int32, tf.string] + list(output_dtypes))
         code, message = results[0], results[1]
-        invalid = tf.debugging.Assert(tf.not_equal(code, _INVALID), [message])
         not_found = tf.cond(tf.equal(code, _NOT_FOUND),
                             lambda: tf.io.read_file(tf.strings.join([_NOT_FOUND_PATH, message])),
                             lambda: tf.constant(""))
-        with tf.control_dependencies([invalid, not_found]):
+        # Assert is stateful, so tf.function and tf.data keep it (and what it depends on)
+        # even when nothing uses the outputs: an insert's op is usually left unused.
+        with tf.control_dependencies([not_found]):
+            check = tf.debugging.Assert(tf.not_equal(code, _INVALID), [message])
+        with tf.control_dependencies([check]):
             return [tf.identity(output) for output in results[2:]] or [tf.no_op()]

@@ -1,0 +1,258 @@
+#!/usr/bin/env python
+"""shmreplay's TFClient vs Reverb's, on seed 002's TFClient cases, side by side in one run.
+
+Seed 002 (a Reverb client survey with a cpprb benchmark) times Reverb's TFClient:
+
+- insert N steps, N = 1, 11, 101: one ``TFClient.insert`` per step, each step's five
+  arrays made into ``tf.constant`` s in the loop (as the seed's ``add_tf_client`` does);
+- sample N items, N = 2, 16, 128: one ``TFClient.sample`` per item;
+- the dataset: ``TFClient.dataset(table, dtypes, shapes)``, here made and read for N
+  items (the seed only made it: its kernel returns an unconsumed ``islice``).
+
+One transition is ``[obs f64[15], act f64[3], rew f64[1], next_obs f64[15], done f64[1]]``
+(the seed's arrays; its ``done`` for a whole batch in every step is a typo, not copied).
+Tables: ``Uniform`` and ``Prioritized(0.8)``, ``Fifo``, 4096 items, ``MinSize(1)``,
+filled with 4096 transitions before sampling.
+
+Reverb 0.14 has no ``TFClient.dataset`` (removed in 0.7 for the dataset it returned):
+its side of that case is ``reverb.TimestepDataset`` with the same 100 items in flight,
+which is what ``TFClient.dataset`` returned. Both libraries run eagerly; the per-call
+cases are also timed inside a ``tf.function`` (one call per step or item). The floor
+rows time what TensorFlow itself costs per call with no replay at all.
+
+Usage:  python benchmarks/bench_tf_client.py [--quick] [--libs reverb,shmreplay]
+        (Reverb needs its own venv: dm-reverb 0.14.0, tensorflow 2.15.1, numpy<2, and
+        ``pip install -e .`` there.)
+Writes: benchmarks/results/tf_client[-quick].{json,md}
+"""
+
+import argparse
+import itertools
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+CAPACITY = 4096
+ALPHA = 0.8
+INSERT_STEPS = (1, 11, 101)
+SAMPLE_ITEMS = (2, 16, 128)
+TARGET = 10.0
+SHAPES = [15, 3, 1, 15, 1]
+
+
+def transitions(rng, n):
+    return [[rng.random(shape) for shape in SHAPES] for _ in range(n)]
+
+
+class Side:
+    """One library: a server with a uniform and a prioritized table, a TFClient, and the
+    seed's calls as zero-argument callables."""
+
+    def __init__(self, lib, tf, rng):
+        self.lib, self.tf, self.rng = lib, tf, rng
+        self.dtypes = [tf.float64] * len(SHAPES)
+        self.name = lib.__name__
+        tables = [lib.Table(name, sampler=sampler, remover=lib.selectors.Fifo(),
+                            max_size=CAPACITY, rate_limiter=lib.rate_limiters.MinSize(1))
+                  for name, sampler in (("uniform", lib.selectors.Uniform()),
+                                        ("prioritized", lib.selectors.Prioritized(ALPHA)))]
+        if self.name == "reverb":
+            self.server = lib.Server(tables=tables)
+            address = f"localhost:{self.server.port}"
+        else:
+            self.server = lib.Server(tables, name=f"bench-tfclient-{os.getpid()}")
+            address = self.server.name
+        self.client = lib.Client(address)
+        self.tf_client = lib.TFClient(address)
+        self.address = address
+
+    def fill(self):
+        for step in transitions(self.rng, CAPACITY):
+            self.client.insert(step, {"uniform": 1.0, "prioritized": float(self.rng.random()) + 0.05})
+
+    def case(self, op, mode, table, n):
+        tf, tfc = self.tf, self.tf_client
+        dtypes = self.dtypes
+        if op == "insert":
+            steps = transitions(self.rng, n)
+            if mode == "eager":
+                def insert():
+                    for step in steps:  # the seed's add_tf_client
+                        tfc.insert([tf.constant(x) for x in step], tf.constant([table]),
+                                   tf.constant([1.0], dtype=tf.float64))
+                return insert
+            tables, prios = tf.constant([table]), tf.constant([1.0], tf.float64)
+            inputs = [[tf.constant(x) for x in step] for step in steps]
+
+            @tf.function
+            def insert_step(data):
+                tfc.insert(data, tables, prios)
+            return lambda: [insert_step(data) for data in inputs]
+        if op == "sample":
+            if mode == "eager":
+                return lambda: [tfc.sample(table, dtypes) for _ in range(n)]  # sample_tf_client
+            sample_item = tf.function(lambda: tfc.sample(table, dtypes))
+            return lambda: [sample_item() for _ in range(n)]
+        # op == "dataset": made, then read for n items
+        shapes = [tf.TensorShape([s]) for s in SHAPES]
+        if self.name == "reverb":
+            make = lambda: self.lib.TimestepDataset(  # noqa: E731
+                self.address, table, dtypes, shapes, max_in_flight_samples_per_worker=100)
+        else:
+            make = lambda: tfc.dataset(tf.constant([table]), dtypes, SHAPES)  # noqa: E731
+        return lambda: list(itertools.islice(make(), n))
+
+    def close(self):
+        self.client.close() if hasattr(self.client, "close") else None
+        self.server.stop()
+
+
+def floor_fns(tf):
+    """What TensorFlow costs per call with no replay: the seed's seven constants of one
+    insert step, and one call of a tf.function around a numpy_function that does nothing."""
+    step = transitions(np.random.default_rng(0), 1)[0]
+
+    def constants():
+        [tf.constant(x) for x in step]
+        tf.constant(["uniform"])
+        tf.constant([1.0], dtype=tf.float64)
+
+    def zero():
+        return np.int32(0)
+
+    nothing = tf.function(lambda: tf.numpy_function(zero, [], tf.int32))
+    empty = tf.function(lambda: tf.constant(0))
+    return {"7 tf.constant (one eager insert's inputs)": constants,
+            "tf.function, empty": empty,
+            "tf.function with a no-op numpy_function": nothing}
+
+
+def cases():
+    out = []
+    for table in ("uniform", "prioritized"):
+        for mode in ("eager", "tf.function"):
+            out += [("insert", mode, table, n) for n in INSERT_STEPS]
+            out += [("sample", mode, table, n) for n in SAMPLE_ITEMS]
+        out += [("dataset", "eager", table, n) for n in SAMPLE_ITEMS]
+    return out
+
+
+def load(name):
+    try:
+        module = __import__(name)
+        if name == "shmreplay":
+            import shmreplay.tf  # noqa: F401
+        return module, None
+    except Exception as exc:  # noqa: BLE001
+        return None, f"import {name} failed: {type(exc).__name__}: {exc}"
+
+
+def run(args):
+    import tensorflow as tf
+    timing = (dict(repeat=3, min_time=0.01, warmup=0.02) if args.quick
+              else dict(repeat=7, min_time=0.1, warmup=0.1))
+    info = C.machine_info()
+    info["versions"]["tensorflow"] = tf.__version__
+    rng = np.random.default_rng(args.seed)
+    sides, errors, results = [], [], []
+    for name in [s.strip() for s in args.libs.split(",") if s.strip()]:
+        module, why = load(name)
+        if module is None:
+            print(f"{name} unavailable: {why}")
+            errors.append({"lib": name, "where": "import", "error": why})
+            continue
+        info["versions"]["dm-reverb" if name == "reverb" else name] = C._version(
+            "dm-reverb" if name == "reverb" else name) or info["versions"].get(name)
+        sides.append(Side(module, tf, rng))
+    try:
+        for side in sides:
+            side.fill()
+        for op, mode, table, n in cases():
+            row = {"op": op, "mode": mode, "table": table, "n": n}
+            fns = {}
+            for side in sides:
+                try:
+                    fn = side.case(op, mode, table, n)
+                    fn()  # surface errors with the case named (and trace tf.functions)
+                    fns[side.name] = fn
+                except Exception as exc:  # noqa: BLE001
+                    tb = traceback.format_exc()
+                    print(f"{side.name} {op} {mode} {table} {n} failed:\n{tb}")
+                    errors.append({"lib": side.name, "where": f"{op} {mode} {table} {n}",
+                                   "error": repr(exc), "traceback": tb})
+            timed = C.time_interleaved(fns, **timing) if fns else {}
+            for name, t in timed.items():
+                row[name] = {"median_ms": t["median"] * 1e3, "per_unit_us": t["median"] * 1e6 / n,
+                             "best_ms": t["best"] * 1e3, "number": t["number"]}
+            a, b = row.get("reverb"), row.get("shmreplay")
+            row["ratio"] = a["median_ms"] / b["median_ms"] if a and b else None
+            results.append(row)
+            print(f"  {op:8s} {mode:11s} {table:11s} {n:4d}  reverb "
+                  f"{C.fmt_num(a and a['median_ms'], 3):>8s} ms  shmreplay "
+                  f"{C.fmt_num(b and b['median_ms'], 3):>8s} ms  ratio {C.fmt_ratio(row['ratio'])}",
+                  flush=True)
+        floors = {label: t["median"] * 1e6 for label, t in
+                  C.time_interleaved(floor_fns(tf), **timing).items()}
+    finally:
+        for side in sides:
+            side.close()
+
+    headers = ["case", "mode", "table", "N", "Reverb ms", "shmreplay ms", "shmreplay µs/unit",
+               "Reverb/shmreplay", f">= {TARGET:g}x"]
+    rows = []
+    for r in results:
+        a, b = r.get("reverb"), r.get("shmreplay")
+        rows.append([r["op"], r["mode"], r["table"], r["n"], C.fmt_num(a and a["median_ms"], 3),
+                     C.fmt_num(b and b["median_ms"], 3), C.fmt_num(b and b["per_unit_us"], 1),
+                     C.fmt_ratio(r["ratio"]),
+                     "n/a" if r["ratio"] is None else ("yes" if r["ratio"] >= TARGET else "NO")])
+    ratios = [r["ratio"] for r in results if r["ratio"] is not None]
+    summary = (f"min ratio {min(ratios):.1f}x, geometric mean "
+               f"{float(np.exp(np.mean(np.log(ratios)))):.1f}x; "
+               f"{sum(x >= TARGET for x in ratios)}/{len(ratios)} cases >= {TARGET:g}x"
+               if ratios else "no ratios (one side missing)")
+    print("\n" + C.render_table(headers, rows) + "\n\n" + summary)
+    print("floors (µs per call): " + ", ".join(f"{k}: {v:.1f}" for k, v in floors.items()))
+    notes = [f"mode: {'quick' if args.quick else 'full'}; median of {timing['repeat']} repeats, "
+             "ms per case (N calls); ratio = Reverb / shmreplay (higher: shmreplay faster)",
+             f"tables of {CAPACITY} (uniform; prioritized alpha {ALPHA}), filled before "
+             "sampling; one step = [f64[15], f64[3], f64[1], f64[15], f64[1]]; same process, "
+             "Reverb via localhost:PORT, shmreplay via the buffer's name",
+             "insert: one TFClient.insert per step (eager: the step's tf.constants made in "
+             "the loop, as in seed 002); sample: one TFClient.sample per item; dataset: "
+             "made and read for N items (Reverb 0.14: TimestepDataset, what its removed "
+             "TFClient.dataset returned)",
+             "floors, µs per call (TensorFlow alone, no replay): " + ", ".join(
+                 f"{k} {v:.1f}" for k, v in floors.items()),
+             summary]
+    md = C.markdown_header("TFClient: shmreplay vs Reverb (seed 002's cases)", info, notes)
+    md += "\n" + C.render_table(headers, rows, markdown=True) + "\n"
+    if errors:
+        md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
+                                          for e in errors) + "\n"
+    payload = {"benchmark": "tf_client", "quick": args.quick, "machine": info,
+               "config": {"capacity": CAPACITY, "alpha": ALPHA, "insert_steps": INSERT_STEPS,
+                          "sample_items": SAMPLE_ITEMS, "timing": timing,
+                          "target_ratio": TARGET, "seed": args.seed},
+               "results": results, "floors_us": floors, "summary": summary, "errors": errors}
+    paths = C.write_results("tf_client" + ("-quick" if args.quick else ""), payload, md)
+    print("wrote", ", ".join(paths))
+    C.check_clean()
+    return 1 if any(e["lib"] == "shmreplay" for e in errors) else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--libs", default="reverb,shmreplay")
+    parser.add_argument("--seed", type=int, default=0)
+    sys.exit(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

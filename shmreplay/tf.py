@@ -12,6 +12,9 @@ Import it as ``shmreplay.tf`` (it imports TensorFlow; ``import shmreplay`` does 
     # The fast path for training: whole batches straight from ``sample_batch``.
     dataset = shmreplay_tf.make_dataset("my-buffer", "replay", batch_size=256)
 
+Reverb's ``TFClient`` (insert, sample and update priorities as TensorFlow ops) is
+here too: ``shmreplay_tf.TFClient("my-buffer")``.
+
 Elements are ``ReplaySample(info, data)`` with Reverb's info dtypes (key uint64,
 probability float64, table_size int64, priority float64, times_sampled int32).
 

@@ -6,8 +6,9 @@ Seed 002 (a Reverb client survey with a cpprb benchmark) times Reverb's TFClient
 - insert N steps, N = 1, 11, 101: one ``TFClient.insert`` per step, each step's five
   arrays made into ``tf.constant`` s in the loop (as the seed's ``add_tf_client`` does);
 - sample N items, N = 2, 16, 128: one ``TFClient.sample`` per item;
-- the dataset: ``TFClient.dataset(table, dtypes, shapes)``, here made and read for N
-  items (the seed only made it: its kernel returns an unconsumed ``islice``).
+- the dataset: ``TFClient.dataset(table, dtypes, shapes)``, made per call as the seed
+  does ("dataset made": its kernel returns an unconsumed ``islice``) and also made and
+  read for N items ("dataset read").
 
 One transition is ``[obs f64[15], act f64[3], rew f64[1], next_obs f64[15], done f64[1]]``
 (the seed's arrays; its ``done`` for a whole batch in every step is a typo, not copied).
@@ -16,9 +17,10 @@ filled with 4096 transitions before sampling.
 
 Reverb 0.14 has no ``TFClient.dataset`` (removed in 0.7 for the dataset it returned):
 its side of that case is ``reverb.TimestepDataset`` with the same 100 items in flight,
-which is what ``TFClient.dataset`` returned. Both libraries run eagerly; the per-call
-cases are also timed inside a ``tf.function`` (one call per step or item). The floor
-rows time what TensorFlow itself costs per call with no replay at all.
+which is what ``TFClient.dataset`` returned. Both libraries run eagerly; inserts are also
+timed with their input tensors made beforehand ("eager, inputs made": the call alone),
+and the per-call cases inside a ``tf.function`` (one call per step or item). The floors
+time what TensorFlow itself costs per call with no replay at all.
 
 Usage:  python benchmarks/bench_tf_client.py [--quick] [--libs reverb,shmreplay]
         (Reverb needs its own venv: dm-reverb 0.14.0, tensorflow 2.15.1, numpy<2, and
@@ -80,6 +82,10 @@ class Side:
         dtypes = self.dtypes
         if op == "insert":
             steps = transitions(self.rng, n)
+            if mode == "eager, inputs made":  # the TFClient call alone
+                tables, prios = tf.constant([table]), tf.constant([1.0], tf.float64)
+                inputs = [[tf.constant(x) for x in step] for step in steps]
+                return lambda: [tfc.insert(data, tables, prios) for data in inputs]
             if mode == "eager":
                 def insert():
                     for step in steps:  # the seed's add_tf_client
@@ -98,13 +104,16 @@ class Side:
                 return lambda: [tfc.sample(table, dtypes) for _ in range(n)]  # sample_tf_client
             sample_item = tf.function(lambda: tfc.sample(table, dtypes))
             return lambda: [sample_item() for _ in range(n)]
-        # op == "dataset": made, then read for n items
+        # "dataset made": the seed's kernel (an unconsumed islice); "dataset read": made,
+        # then read for n items
         shapes = [tf.TensorShape([s]) for s in SHAPES]
         if self.name == "reverb":
             make = lambda: self.lib.TimestepDataset(  # noqa: E731
                 self.address, table, dtypes, shapes, max_in_flight_samples_per_worker=100)
         else:
             make = lambda: tfc.dataset(tf.constant([table]), dtypes, SHAPES)  # noqa: E731
+        if op == "dataset made":
+            return lambda: itertools.islice(make(), n)
         return lambda: list(itertools.islice(make(), n))
 
     def close(self):
@@ -135,10 +144,12 @@ def floor_fns(tf):
 def cases():
     out = []
     for table in ("uniform", "prioritized"):
-        for mode in ("eager", "tf.function"):
+        for mode in ("eager", "eager, inputs made", "tf.function"):
             out += [("insert", mode, table, n) for n in INSERT_STEPS]
-            out += [("sample", mode, table, n) for n in SAMPLE_ITEMS]
-        out += [("dataset", "eager", table, n) for n in SAMPLE_ITEMS]
+            if mode != "eager, inputs made":
+                out += [("sample", mode, table, n) for n in SAMPLE_ITEMS]
+        out.append(("dataset made", "eager", table, 1))
+        out += [("dataset read", "eager", table, n) for n in SAMPLE_ITEMS]
     return out
 
 
@@ -192,7 +203,7 @@ def run(args):
             a, b = row.get("reverb"), row.get("shmreplay")
             row["ratio"] = a["median_ms"] / b["median_ms"] if a and b else None
             results.append(row)
-            print(f"  {op:8s} {mode:11s} {table:11s} {n:4d}  reverb "
+            print(f"  {op:12s} {mode:18s} {table:11s} {n:4d}  reverb "
                   f"{C.fmt_num(a and a['median_ms'], 3):>8s} ms  shmreplay "
                   f"{C.fmt_num(b and b['median_ms'], 3):>8s} ms  ratio {C.fmt_ratio(row['ratio'])}",
                   flush=True)
@@ -225,8 +236,8 @@ def run(args):
              "Reverb via localhost:PORT, shmreplay via the buffer's name",
              "insert: one TFClient.insert per step (eager: the step's tf.constants made in "
              "the loop, as in seed 002); sample: one TFClient.sample per item; dataset: "
-             "made and read for N items (Reverb 0.14: TimestepDataset, what its removed "
-             "TFClient.dataset returned)",
+             "made per call (seed) or made and read for N items (Reverb 0.14: "
+             "TimestepDataset, what its removed TFClient.dataset returned)",
              "floors, µs per call (TensorFlow alone, no replay): " + ", ".join(
                  f"{k} {v:.1f}" for k, v in floors.items()),
              summary]

@@ -240,6 +240,28 @@ def test_dataset_is_reverbs_legacy_replay_dataset_as_seed_002_calls_it():
         assert {float(s.data[0][0]) for s in samples} <= {0.0, 1.0, 2.0, 3.0}
 
 
+def test_dataset_repeated_eagerly_is_the_same_dataset_and_each_iterator_samples_anew():
+    with serve(shmreplay.Table.queue("q", 10)) as (tf_client, client):
+        for value in range(4):
+            client.insert([np.float64(value)], {"q": 1.0})
+        first = tf_client.dataset("q", [F64], [[]], capacity=1)
+        assert tf_client.dataset("q", [F64], [[]], capacity=1) is first
+        assert tf_client.dataset("q", [F64], [[]], capacity=2) is not first
+        # Two iterators of one dataset: each takes its own items from the queue.
+        assert [float(s.data[0]) for s in itertools.islice(first, 2)] == [0.0, 1.0]
+        assert [float(s.data[0]) for s in itertools.islice(first, 2)] == [2.0, 3.0]
+
+
+def test_dataset_in_graph_mode_belongs_to_its_graph():
+    with serve() as (tf_client, client):
+        client.insert([np.arange(3.0)], {"dist": 1.0})
+        for _ in range(2):  # a second graph gets its own dataset
+            with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+                dataset = tf_client.dataset("dist", [F64], [3])
+                element = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+                assert session.run(element).data[0].tolist() == [0.0, 1.0, 2.0]
+
+
 # --- connecting ---------------------------------------------------------------------------
 
 def test_tfclient_is_lazy_at_the_top_level_and_attaches_on_first_use():

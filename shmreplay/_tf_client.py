@@ -74,8 +74,8 @@ def _shapes_like(dtypes, shapes):
         if len(dtypes) != len(shapes):
             raise ValueError(f"dtypes and shapes must have the same structure, got {dtypes!r} "
                              f"and {shapes!r}.")
-        return type(dtypes)(_shapes_like(d, s) for d, s in zip(dtypes, shapes)) if not hasattr(
-            dtypes, "_fields") else type(dtypes)(*map(_shapes_like, dtypes, shapes))
+        parts = [_shapes_like(d, s) for d, s in zip(dtypes, shapes)]
+        return type(dtypes)(*parts) if hasattr(dtypes, "_fields") else type(dtypes)(parts)
     return tuple(tf.TensorShape(shapes).as_list())
 
 
@@ -97,8 +97,8 @@ class TFClient:
       server_address: What ``Client`` accepts (the buffer's name). The buffer is
         attached on the first call that runs, in the process that runs it, so a
         TFClient can be made before its buffer exists.
-      shared_name: Accepted for Reverb compatibility (a Reverb client resource shared
-        between sessions); every TFClient of a process shares its mapping anyway.
+      shared_name: Accepted for Reverb compatibility (there, a client resource shared
+        between sessions); no effect.
       name: The name scope prefix of the ops (``reverb_insert``, ...).
     """
 
@@ -163,15 +163,15 @@ class TFClient:
         names = [name.decode() if isinstance(name, bytes) else str(name) for name in tables]
         client = self._connected()
         try:
-            first = {}
+            first, again = {}, []
             for table, priority in zip(names, priorities.tolist()):
-                first.setdefault(table, priority)
-            if len(first) == len(names):
-                client.insert(data, first)
-            else:  # a table named twice gets two items (a dict holds one per table)
-                client.insert(data, first)
-                for table, priority in list(zip(names, priorities.tolist()))[len(first):]:
-                    client.insert(data, {table: priority})
+                if table in first:
+                    again.append({table: priority})
+                else:
+                    first[table] = priority
+            client.insert(data, first)
+            for extra in again:  # a table named twice gets two items (one call each)
+                client.insert(data, extra)
         except (errors.ShmReplayError, ValueError, TypeError) as exc:
             raise _status(exc) from exc
         return []

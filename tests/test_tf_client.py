@@ -111,8 +111,9 @@ def test_insert_into_two_tables_makes_one_item_in_each_with_its_priority(mode):
 
 def test_a_table_named_twice_gets_two_items():
     with serve() as (tf_client, client):
-        insert(tf_client, [tf.constant(1.0)], ("dist", "dist"), (1.0, 3.0))
+        insert(tf_client, [tf.constant(1.0)], ("dist", "dist", "dist2"), (1.0, 3.0, 2.0))
         assert sorted(priorities_of(client, "dist").values()) == [1.0, 3.0]
+        assert list(priorities_of(client, "dist2").values()) == [2.0]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -20,7 +20,8 @@ its side of that case is ``reverb.TimestepDataset`` with the same 100 items in f
 which is what ``TFClient.dataset`` returned. Both libraries run eagerly; inserts are also
 timed with their input tensors made beforehand ("eager, inputs made": the call alone),
 and the per-call cases inside a ``tf.function`` (one call per step or item). The floors
-time what TensorFlow itself costs per call with no replay at all.
+time what TensorFlow itself costs per call with no replay at all (see ``floor_fns``):
+Reverb / floor is the most any replay behind these APIs could gain over Reverb.
 
 Usage:  python benchmarks/bench_tf_client.py [--quick] [--libs reverb,shmreplay]
         (Reverb needs its own venv: dm-reverb 0.14.0, tensorflow 2.15.1, numpy<2, and
@@ -122,23 +123,45 @@ class Side:
 
 
 def floor_fns(tf):
-    """What TensorFlow costs per call with no replay: the seed's seven constants of one
-    insert step, and one call of a tf.function around a numpy_function that does nothing."""
+    """What TensorFlow alone costs per call of each case, with no replay: the tensors an
+    eager call must make, a tf.function calling a numpy_function that does nothing with
+    the same inputs and outputs, a dataset iterator made (and read once)."""
     step = transitions(np.random.default_rng(0), 1)[0]
+    tables, prios = tf.constant(["uniform"]), tf.constant([1.0], tf.float64)
+    inputs = [tf.constant(x) for x in step]
+    outputs = [np.uint64(1), np.float64(0.5), np.int64(9), np.float64(1.0), np.int32(1)] + step
+    dtypes = [tf.as_dtype(np.asarray(x).dtype) for x in outputs]
 
-    def constants():
+    def insert_inputs():  # the seed's loop body without the insert
         [tf.constant(x) for x in step]
         tf.constant(["uniform"])
         tf.constant([1.0], dtype=tf.float64)
 
-    def zero():
+    def sample_outputs():
+        [tf.constant(x) for x in outputs]
+
+    def nothing(*args):
         return np.int32(0)
 
-    nothing = tf.function(lambda: tf.numpy_function(zero, [], tf.int32))
-    empty = tf.function(lambda: tf.constant(0))
-    return {"7 tf.constant (one eager insert's inputs)": constants,
-            "tf.function, empty": empty,
-            "tf.function with a no-op numpy_function": nothing}
+    def sample_nothing():
+        return outputs
+
+    insert_op = tf.function(lambda data: tf.numpy_function(nothing, [tables, prios] + data,
+                                                           tf.int32))
+    sample_op = tf.function(lambda: tf.numpy_function(sample_nothing, [], dtypes))
+    dataset = tf.data.Dataset.range(1)
+    return {"insert eager": insert_inputs, "sample eager": sample_outputs,
+            "insert tf.function": lambda: insert_op(inputs), "sample tf.function": sample_op,
+            "dataset made": lambda: iter(dataset), "dataset read": lambda: next(iter(dataset))}
+
+
+def floor_of(op, mode, floors_us):
+    """The case's floor per call (µs): what TensorFlow costs whoever does the replay."""
+    if op.startswith("dataset"):
+        return floors_us[op]
+    if mode == "eager, inputs made":
+        return None
+    return floors_us[f"{op} {mode}"]
 
 
 def cases():
@@ -209,19 +232,26 @@ def run(args):
                   flush=True)
         floors = {label: t["median"] * 1e6 for label, t in
                   C.time_interleaved(floor_fns(tf), **timing).items()}
+        for row in results:
+            floor = floor_of(row["op"], row["mode"], floors)
+            calls = 1 if row["op"].startswith("dataset") else row["n"]
+            row["floor_ms"] = None if floor is None else floor * calls / 1e3
+            a = row.get("reverb")
+            row["best_ratio"] = a["median_ms"] / row["floor_ms"] if a and row["floor_ms"] else None
     finally:
         for side in sides:
             side.close()
 
     headers = ["case", "mode", "table", "N", "Reverb ms", "shmreplay ms", "shmreplay µs/unit",
-               "Reverb/shmreplay", f">= {TARGET:g}x"]
+               "Reverb/shmreplay", f">= {TARGET:g}x", "TF floor ms", "Reverb/floor"]
     rows = []
     for r in results:
         a, b = r.get("reverb"), r.get("shmreplay")
         rows.append([r["op"], r["mode"], r["table"], r["n"], C.fmt_num(a and a["median_ms"], 3),
                      C.fmt_num(b and b["median_ms"], 3), C.fmt_num(b and b["per_unit_us"], 1),
                      C.fmt_ratio(r["ratio"]),
-                     "n/a" if r["ratio"] is None else ("yes" if r["ratio"] >= TARGET else "NO")])
+                     "n/a" if r["ratio"] is None else ("yes" if r["ratio"] >= TARGET else "NO"),
+                     C.fmt_num(r.get("floor_ms"), 3), C.fmt_ratio(r.get("best_ratio"))])
     ratios = [r["ratio"] for r in results if r["ratio"] is not None]
     summary = (f"min ratio {min(ratios):.1f}x, geometric mean "
                f"{float(np.exp(np.mean(np.log(ratios)))):.1f}x; "
@@ -239,7 +269,9 @@ def run(args):
              "made per call (seed) or made and read for N items (Reverb 0.14: "
              "TimestepDataset, what its removed TFClient.dataset returned)",
              "floors, µs per call (TensorFlow alone, no replay): " + ", ".join(
-                 f"{k} {v:.1f}" for k, v in floors.items()),
+                 f"{k} {v:.1f}" for k, v in floors.items()) + "; TF floor ms = the case's "
+             "floor x its calls; Reverb/floor = the most any replay behind these APIs "
+             "could gain over Reverb",
              summary]
     md = C.markdown_header("TFClient: shmreplay vs Reverb (seed 002's cases)", info, notes)
     md += "\n" + C.render_table(headers, rows, markdown=True) + "\n"

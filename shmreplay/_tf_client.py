@@ -163,6 +163,11 @@ class TFClient:
         names = [name.decode() if isinstance(name, bytes) else str(name) for name in tables]
         client = self._connected()
         try:
+            if not names:  # no tables: no items, as in Reverb
+                return []
+            if len(names) == 1:  # the usual call
+                client.insert(data, {names[0]: float(priorities[0])})
+                return []
             first, again = {}, []
             for table, priority in zip(names, priorities.tolist()):
                 if table in first:

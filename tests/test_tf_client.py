@@ -109,6 +109,13 @@ def test_insert_into_two_tables_makes_one_item_in_each_with_its_priority(mode):
             assert len(data) == 1 and data[0].tolist() == [7, 8]
 
 
+def test_insert_into_no_table_inserts_nothing():
+    with serve() as (tf_client, client):
+        tf_client.insert([tf.constant(1.0)], tf.constant([], tf.string),
+                         tf.constant([], tf.float64))
+        assert {info.current_size for info in client.server_info().values()} == {0}
+
+
 def test_a_table_named_twice_gets_two_items():
     with serve() as (tf_client, client):
         insert(tf_client, [tf.constant(1.0)], ("dist", "dist", "dist2"), (1.0, 3.0, 2.0))

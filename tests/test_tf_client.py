@@ -231,6 +231,20 @@ def test_bad_calls_raise_tensorflows_error_and_change_nothing(mode, case):
         assert priorities_of(client, "dist") == {key: 1.0}
 
 
+def test_seed_002s_calls_take_the_table_as_a_one_element_tensor():
+    with serve() as (tf_client, client):
+        step = [np.zeros(4), np.ones(1), np.ones(1), np.zeros(4), np.zeros(1)]
+        tf_client.insert([tf.constant(x) for x in step], tables=tf.constant(["dist"]),
+                         priorities=tf.constant([1.0], dtype=tf.float64))
+        sample = tf_client.sample(tf.constant(["dist"]), data_dtypes=[F64] * 5)
+        assert [t.shape.as_list() for t in sample.data] == [[4], [1], [1], [4], [1]]
+        tf_client.update_priorities(tf.constant(["dist"]), keys=tf.reshape(sample.info.key, [1]),
+                                    priorities=tf.constant([4.0], dtype=tf.float64))
+        assert list(priorities_of(client, "dist").values()) == [4.0]
+        with pytest.raises(tf.errors.InvalidArgumentError, match="exactly one string"):
+            tf_client.sample(tf.constant(["dist", "dist2"]), [F64] * 5)
+
+
 # --- the legacy dataset, seed 002's way ---------------------------------------------------
 
 def test_dataset_is_reverbs_legacy_replay_dataset_as_seed_002_calls_it():

@@ -76,7 +76,8 @@ class Side:
 
     def fill(self):
         for step in transitions(self.rng, CAPACITY):
-            self.client.insert(step, {"uniform": 1.0, "prioritized": float(self.rng.random()) + 0.05})
+            priority = float(self.rng.random()) + 0.05
+            self.client.insert(step, {"uniform": 1.0, "prioritized": priority})
 
     def case(self, op, mode, table, n):
         tf, tfc = self.tf, self.tf_client
@@ -180,7 +181,7 @@ def load(name):
     try:
         module = __import__(name)
         if name == "shmreplay":
-            import shmreplay.tf  # noqa: F401
+            import shmreplay.tf  # noqa: F401 (TFClient lives there)
         return module, None
     except Exception as exc:  # noqa: BLE001
         return None, f"import {name} failed: {type(exc).__name__}: {exc}"

@@ -210,8 +210,9 @@ class TFClient:
         else:
             table = tf.convert_to_tensor(table, tf.string)
             with tf.name_scope(name or f"{self._name}_sample"):
+                outputs = [tf.as_dtype(d) for d in _INFO_DTYPES] + flat_dtypes
                 flat = self._graph_call(lambda table: self._sample(table, flat_dtypes),
-                                        [table], [tf.as_dtype(d) for d in _INFO_DTYPES] + flat_dtypes)
+                                        [table], outputs)
                 for info in flat[:len(_INFO_DTYPES)]:
                     info.set_shape(())
         data = flat[len(_INFO_DTYPES):]

@@ -15,7 +15,7 @@ One transition is ``[obs f64[15], act f64[3], rew f64[1], next_obs f64[15], done
 Tables: ``Uniform`` and ``Prioritized(0.8)``, ``Fifo``, 4096 items, ``MinSize(1)``,
 filled with 4096 transitions before sampling.
 
-Reverb 0.14 has no ``TFClient.dataset`` (removed in 0.7 for the dataset it returned):
+Reverb 0.14 has no ``TFClient.dataset`` (removed in 2022 in favour of the datasets):
 its side of that case is ``reverb.TimestepDataset`` with the same 100 items in flight,
 which is what ``TFClient.dataset`` returned. Both libraries run eagerly; inserts are also
 timed with their input tensors made beforehand ("eager, inputs made": the call alone),

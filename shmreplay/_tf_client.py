@@ -279,7 +279,7 @@ class TFClient:
                 num_workers_per_iterator: int = -1, max_samples_per_stream: int = -1,
                 sequence_length: Optional[int] = None, emit_timesteps: bool = True,
                 rate_limiter_timeout_ms: int = -1):
-        """Reverb's deprecated ``TFClient.dataset`` (removed in Reverb 0.7): the legacy
+        """Reverb's deprecated ``TFClient.dataset`` (Reverb removed it in 2022): the legacy
         ``ReplayDataset`` over ``table``, ``capacity`` being its
         ``max_in_flight_samples_per_worker``. Shapes may be ints (``4`` is ``[4]``)."""
         table = _one_string(table.numpy() if isinstance(table, tf.Tensor) else table, "table")

@@ -150,7 +150,12 @@ def floor_fns(tf):
     insert_op = tf.function(lambda data: tf.numpy_function(nothing, [tables, prios] + data,
                                                            tf.int32))
     sample_op = tf.function(lambda: tf.numpy_function(sample_nothing, [], dtypes))
-    dataset = tf.data.Dataset.range(1)
+    # An iterator with the options shmreplay's datasets set (no autotuning thread, no
+    # injected prefetch): what making and reading any such pipeline costs.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
+    dataset = tf.data.Dataset.range(1).with_options(options)
     return {"insert eager": insert_inputs, "sample eager": sample_outputs,
             "insert tf.function": lambda: insert_op(inputs), "sample tf.function": sample_op,
             "dataset made": lambda: iter(dataset), "dataset read": lambda: next(iter(dataset))}

@@ -146,11 +146,13 @@ class TFClient:
         if not tables.shape.is_compatible_with(priorities.shape):
             raise ValueError(f"priorities and tables must have the same shape, got "
                              f"{priorities.shape} and {tables.shape}.")
-        data = [tf.convert_to_tensor(leaf) for leaf in data]
         if tf.executing_eagerly():
-            self._run_eagerly(self._insert, [leaf.numpy() for leaf in data], tables.numpy(),
-                              priorities.numpy())
+            # (TensorFlow's conversion, not numpy's: a Python float is float32, as in Reverb)
+            arrays = [(leaf if isinstance(leaf, tf.Tensor) else tf.convert_to_tensor(leaf))
+                      .numpy() for leaf in data]
+            self._run_eagerly(self._insert, arrays, tables.numpy(), priorities.numpy())
             return None
+        data = [tf.convert_to_tensor(leaf) for leaf in data]
         with tf.name_scope(name or f"{self._name}_insert"):
             return tf.group(self._graph_call(
                 lambda *args: self._insert(list(args[2:]), args[0], args[1]),

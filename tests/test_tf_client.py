@@ -109,6 +109,14 @@ def test_insert_into_two_tables_makes_one_item_in_each_with_its_priority(mode):
             assert len(data) == 1 and data[0].tolist() == [7, 8]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_insert_converts_python_values_as_tensorflow_does(mode):
+    with serve() as (tf_client, client):
+        run(mode, lambda: insert(tf_client, [1.5, [1, 2]]))  # float32 and int32, as tensors
+        data = run(mode, lambda: tf_client.sample("dist", [tf.float32, tf.int32])).data
+        assert float(data[0]) == 1.5 and data[1].tolist() == [1, 2]
+
+
 def test_insert_into_no_table_inserts_nothing():
     with serve() as (tf_client, client):
         tf_client.insert([tf.constant(1.0)], tf.constant([], tf.string),

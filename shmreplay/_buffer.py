@@ -21,10 +21,10 @@ from shmreplay import _layout as L
 from shmreplay import _segment, errors
 from shmreplay._procs import start_time
 from shmreplay._kernels import codes
-from shmreplay._table import TableEngine, static_info
+from shmreplay._table import TableEngine
+from shmreplay._table_info import static_info
 from shmreplay.table import Table
 
-MAX_BUFFER_NAME = 100
 
 
 class Buffer:

@@ -11,7 +11,8 @@ previous checkpoint at that path intact. Layout (little-endian)::
                           counters and where each of its arrays lies
 
 Per table, the arrays hold its live items in insertion order (key, order, update
-number, times sampled, priority) and their data: one array per column for tables that
+number, times sampled, priority, and since format 2 the episode: a writer's episode id,
+or -1 for an item that is its own episode) and their data: one array per column for tables that
 store whole items; for step storage, the rows the items reference (renumbered
 densely) and each item's references.
 
@@ -39,7 +40,8 @@ from shmreplay import errors
 from shmreplay._snapshot import COUNTERS, ITEM_FIELDS, TableSnapshot, snapshot_table
 
 MAGIC = b"SHMRCKPT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each item's episode (format 1 files restore, each item its own)
+READABLE_VERSIONS = (1, 2)
 FILE_HEADER = np.dtype([
     ("magic", "S8"),
     ("version", "<u4"),
@@ -297,10 +299,11 @@ def load(path: str) -> Checkpoint:
             if header["magic"] != MAGIC:
                 raise errors.CheckpointError(
                     f"{path} is not a shmreplay checkpoint (magic {header['magic']!r}).")
-            if header["version"] != FORMAT_VERSION:
+            version = int(header["version"])
+            if version not in READABLE_VERSIONS:
                 raise errors.CheckpointError(
-                    f"Checkpoint {path} has format version {header['version']}; this "
-                    f"shmreplay reads version {FORMAT_VERSION}.")
+                    f"Checkpoint {path} has format version {version}; this shmreplay "
+                    f"reads versions {', '.join(map(str, READABLE_VERSIONS))}.")
             offset, length = int(header["manifest_offset"]), int(header["manifest_len"])
             if int(header["file_len"]) != size or not (
                     FILE_HEADER_SIZE <= offset and 0 < length and offset + length <= size):
@@ -325,11 +328,11 @@ def load(path: str) -> Checkpoint:
     except Exception as exc:
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest cannot be read.") from exc
     for table in tables:
-        _check_table(path, size, table)
+        _check_table(path, size, table, version)
     return Checkpoint(path, int(manifest["created_ns"]), str(manifest["buffer"]), tables)
 
 
-def _check_table(path: str, size: int, table: "TableCheckpoint"):
+def _check_table(path: str, size: int, table: "TableCheckpoint", version: int):
     """Checks one table's manifest entry: its storage and every array's place, dtype and
     shape against its item count (the arrays' values are checked by ``restore_table``).
 
@@ -357,6 +360,8 @@ def _check_table(path: str, size: int, table: "TableCheckpoint"):
     n = table.num_items
     expected = {name: (np.dtype(np.int64), (n,)) for name in ITEM_FIELDS}
     expected["priority"] = (np.dtype(np.float64), (n,))
+    if version >= 2:
+        expected["episode"] = (np.dtype(np.int64), (n,))
     stored = None
     storage = table.storage
     if storage is not None:
@@ -375,6 +380,8 @@ def _check_table(path: str, size: int, table: "TableCheckpoint"):
                 raise corrupt("has no valid step stores")
         for index, (dtype, shape) in enumerate(store_specs):
             expected[f"store{index}"] = (dtype, ((stored,) if storage.steps else (n,)) + shape)
+    if storage is not None and "forms" in table.layout:  # items' forms (_item_forms)
+        expected["forms"] = (np.dtype(np.int64), (n,))
     if set(table.layout) != set(expected):
         raise corrupt(f"has arrays {sorted(table.layout)}, not {sorted(expected)}")
     for key, entry in table.layout.items():

@@ -8,7 +8,7 @@ path), what the table expects and what it got.
 
 import numpy as np
 
-from shmreplay import errors, specs
+from shmreplay import _item_forms, errors, specs
 from shmreplay._kernels import table as kernels
 
 _PY_SCALARS = (bool, int, float)
@@ -66,8 +66,16 @@ def check_batch_fits(engine, count: int):
 def prepare_leaves(engine, leaves, treedef, batched: bool):
     """Validates leaves against the table's columns, without side effects.
 
-    Returns ``(arrays, proposal)``: ``proposal`` is None, or, for a table whose storage
-    is not defined yet, the storage this item would define.
+    An ``insert`` is, as in Reverb, an item of one timestep: a leaf of shape ``s``
+    fits a column stored as ``s`` or as ``[1, *s]`` (a declared signature or a writer's
+    ``[-1:]`` window), and a squeezed writer column of one step ``s``; the item's form
+    (``shmreplay._item_forms``) records which view Reverb's calls return it in. With a
+    declared signature, data matches it by its flattened leaves (``insert([0])`` into a
+    table whose signature is one scalar), as in Reverb.
+
+    Returns ``(arrays, proposal, form)``: ``arrays`` in the stored shapes; ``proposal``
+    is None, or, for a table whose storage is not defined yet, the storage this item
+    would define; ``form`` the item's form mask.
     """
     table = engine.name
     proposal = None
@@ -81,23 +89,40 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
         proposal = engine.propose_whole_items(treedef, arrays, batched)
         column_specs, expected_treedef = specs.flatten(proposal.signature)
     if not specs.same_structure(treedef, expected_treedef):
-        raise _structure_error(table, treedef, expected_treedef, column_specs)
-    arrays = []
-    for leaf, spec, path in zip(leaves, column_specs, paths):
+        if (engine.config.signature is None or not specs.positional(treedef)
+                or len(leaves) != len(column_specs)):
+            raise _structure_error(table, treedef, expected_treedef, column_specs)
+        try:  # Reverb matches a signature by flattened leaves
+            return prepare_leaves(engine, leaves, expected_treedef, batched)
+        except errors.SchemaError:  # they do not match either: the structure is the news
+            raise _structure_error(table, treedef, expected_treedef, column_specs) from None
+    if engine.has_columns():
+        kinds = _item_forms.column_kinds(engine)
+    else:  # the first item defines whole items of the signature's (or its own) shapes
+        kinds = [(_item_forms.WHOLE, tuple(spec.shape)) for spec in column_specs]
+    arrays, bits = [], []
+    for leaf, spec, path, (kind, stored) in zip(leaves, column_specs, paths, kinds):
         array = to_array(leaf, table, path)
         if array.dtype != spec.dtype and array.dtype.kind not in "biufc":
             raise _not_numbers(table, path, leaf, array, spec)  # (say so, not its shape)
         shape = array.shape[1:] if batched else array.shape
-        if shape != spec.shape:
-            raise errors.SchemaError(
-                f"Table '{table}', column {path}: expected shape {spec.shape}"
-                f"{' after the batch dimension' if batched else ''}, got {shape}.")
+        bit = _item_forms.flip_bit(kind, stored, (1,) + shape)
+        if bit is None:
+            if shape != stored:
+                raise errors.SchemaError(
+                    f"Table '{table}', column {path}: expected shape {spec.shape}"
+                    f"{' after the batch dimension' if batched else ''}, got {shape}.")
+            bit = 0  # a whole sequence given to insert: stored as it is
         if array.dtype != spec.dtype:
             array = _cast_python_scalar(engine, leaf, array, spec, path)
+        if shape != stored:  # a time dimension of 1 added or dropped
+            array = np.reshape(array, array.shape[:1] + stored if batched else stored)
         arrays.append(array)
+        bits.append(bit)
+    form = _item_forms.mask(bits, table, paths)
     if proposal is None and not engine.has_columns():
-        proposal = engine.propose_whole_items(treedef, arrays, batched)
-    return arrays, proposal
+        proposal = engine.propose_whole_items(expected_treedef, arrays, batched)
+    return arrays, proposal, form
 
 
 def _structure_error(table, treedef, expected_treedef, column_specs):

@@ -34,6 +34,11 @@ One table region is five arrays (kernels receive them as views, never offsets):
 * ``prio``  float64 view of the ``M_PRIO`` column of ``meta``: each slot's priority.
 * ``trees`` float64[2, 2 * P]: a 1-indexed sum-tree per selector role (0 = sampler,
   1 = remover) whose leaves ``P + slot`` hold ``priority ** exponent``.
+* ``episodes`` int64[capacity, 2]: ``(version, episode id)`` per slot, written by a
+  writer while it holds the slot reserved. The record belongs to the item in the slot
+  only while the version equals the slot's ``M_VERSION`` (a new reservation bumps it),
+  so an item from ``insert``, which writes none, is its own episode, and a record is
+  never cleared. Read only by ``TableInfo.num_episodes`` and checkpoints.
 
 Capacity is ``max_size + spare`` slots: ``spare`` slots let writers copy new items while
 the table is full (the remover evicts at commit, as Reverb does). Pages that are never
@@ -49,7 +54,7 @@ from shmreplay._kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 5  # 4: the episodes array; 5: item forms and layout stamps
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -83,6 +88,7 @@ DATA_HEADER = np.dtype([
     ("complete", "<u4"),
     ("schema_len", "<i8"),
     ("total_bytes", "<i8"),
+    ("generation", "<i8"),  # the table's C_LAYOUT_GEN when the segment was made
 ])
 DATA_HEADER_SIZE = 64
 
@@ -103,7 +109,15 @@ MUTEX_WORDS = 8
  C_COMMIT_MARK,
  # Tests only (``shmreplay._crash_points``): the process ``C_STOP_PID`` stops itself
  # (SIGSTOP) when it reaches stop point ``C_STOP_POINT`` inside a kernel.
- C_STOP_POINT, C_STOP_PID) = range(MUTEX_WORDS, MUTEX_WORDS + 45)
+ C_STOP_POINT, C_STOP_PID,
+ # 1 once a writer has recorded an episode (``episodes``): until then every item is
+ # its own episode, and ``TableInfo`` reads no record (nor maps its pages).
+ C_EPISODES_RECORDED,
+ # Bumped when ``Client.reset`` forgets the layout of a table without a signature. Every
+ # process's step arrays carry the generation they were mapped for (``stamp_rows``),
+ # and kernels refuse a stale one with UNMAPPED: no process writes or reads through a
+ # mapping of a forgotten layout.
+ C_LAYOUT_GEN) = range(MUTEX_WORDS, MUTEX_WORDS + 47)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
@@ -123,6 +137,10 @@ F_WORDS = 8
  # ... and dense structures indexed by position, not slot.
  M_LIVE, M_HEAP0, M_HEAP1) = range(16)
 META_FIELDS = 16  # 128 bytes: two cache lines per slot
+
+# Fields of a slot's episode record ``episodes[slot, E_*]``.
+E_VERSION, E_EPISODE = range(2)
+EPISODE_FIELDS = 2
 
 
 def _align(n: int, to: int = ALIGN) -> int:
@@ -155,6 +173,7 @@ class TableRegion:
     meta: int
     prio: int
     trees: int
+    episodes: int
     end: int
 
 
@@ -168,8 +187,9 @@ def plan_table(offset: int, table) -> TableRegion:
     meta = _align(fctrl + F_WORDS * 8)
     prio = meta + M_PRIO * 8
     trees = _align(meta + META_FIELDS * capacity * 8)
-    end = _align(trees + 2 * max(2 * leaves, 1) * 8)
-    return TableRegion(offset, capacity, leaves, ctrl, fctrl, meta, prio, trees, end)
+    episodes = _align(trees + 2 * max(2 * leaves, 1) * 8)
+    end = _align(episodes + EPISODE_FIELDS * capacity * 8)
+    return TableRegion(offset, capacity, leaves, ctrl, fctrl, meta, prio, trees, episodes, end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,11 +235,17 @@ def table_views(buf, region: TableRegion) -> TableViews:
     )
 
 
+def episode_view(buf, region: TableRegion) -> np.ndarray:
+    """The ``episodes`` array of one table region: ``[capacity, EPISODE_FIELDS]``."""
+    return np.frombuffer(buf, np.int64, EPISODE_FIELDS * region.capacity,
+                         region.episodes).reshape(region.capacity, EPISODE_FIELDS)
+
+
 def table_offsets(region: TableRegion) -> np.ndarray:
     """``table_views`` as numbers, for kernels that make the views themselves (one
     argument instead of five): see ``shmreplay._kernels.table.TABLE_*``."""
     return np.array([region.ctrl, region.fctrl, region.meta, region.trees, region.capacity,
-                     max(2 * region.tree_leaves, 1)], np.int64)
+                     max(2 * region.tree_leaves, 1), 0], np.int64)  # (+ the layout stamp)
 
 
 def header_view(buf) -> np.ndarray:
@@ -236,6 +262,7 @@ class DataPlan:
     width: int             # references per item (0 when items are stored whole)
     stores: List[int]      # byte offset of each store
     total_bytes: int
+    forms: int = 0         # byte offset of the int64 [capacity, 2] item forms
 
 
 def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
@@ -249,21 +276,27 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
         rows    int32 [row_capacity, ROW_FIELDS]
         refs    int32 [capacity, width]
         store i [row_capacity, *cell_shape]
+
+    Either kind ends with ``forms``: int64 [capacity, 2], per slot the key of an item
+    stored in another form than the table's usual one and which columns differ (see
+    ``shmreplay._item_forms``); an entry whose key is not the slot's item means none.
     """
     offset = _align(DATA_HEADER_SIZE + schema_len, 4096)
     width = storage.width
     row_capacity = capacity * storage.steps_per_item if storage.steps else capacity
     rows = refs = offset
-    if storage.steps:
-        refs = _align(rows + row_capacity * ROW_FIELDS * 4)
+    if storage.steps:  # (one more row record: the layout stamp, see ``stamp_rows``)
+        refs = _align(rows + (row_capacity + 1) * ROW_FIELDS * 4)
         offset = _align(refs + capacity * width * 4)
     stores = []
     for spec in storage.store_specs:
         stores.append(offset)
         row = int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
         offset = _align(offset + row_capacity * row)
+    forms = offset
+    offset = _align(forms + capacity * 2 * 8)
     return DataPlan(DATA_HEADER_SIZE, row_capacity, rows, refs, width, stores,
-                    _align(max(offset, 4096), 4096))
+                    _align(max(offset, 4096), 4096), forms)
 
 
 def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
@@ -275,20 +308,34 @@ def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
     return views
 
 
-def step_views(buf, plan: DataPlan, capacity: int):
-    """``(refs, rows)``: the arrays the kernels keep step references in."""
+def forms_view(buf, plan: DataPlan, capacity: int) -> np.ndarray:
+    """The ``[capacity, 2]`` item forms: ``(key, flipped columns)`` per slot."""
+    return np.frombuffer(buf, np.int64, capacity * 2, plan.forms).reshape(capacity, 2)
+
+
+def step_views(buf, plan: DataPlan, capacity: int, generation: int):
+    """``(refs, rows)``: the arrays the kernels keep step references in (``rows`` ends
+    with the layout stamp; for whole items, placeholders stamped with ``generation``)."""
     if plan.width == 0:
-        return no_step_views()
+        return no_step_views(generation)
     refs = np.frombuffer(buf, np.int32, capacity * plan.width, plan.refs).reshape(
         capacity, plan.width)
-    rows = np.frombuffer(buf, np.int32, plan.row_capacity * ROW_FIELDS, plan.rows).reshape(
-        plan.row_capacity, ROW_FIELDS)
+    rows = np.frombuffer(buf, np.int32, (plan.row_capacity + 1) * ROW_FIELDS,
+                         plan.rows).reshape(plan.row_capacity + 1, ROW_FIELDS)
     return refs, rows
 
 
-def no_step_views():
-    """Placeholders for tables (or processes) without step storage: width 0."""
-    return np.zeros((0, 0), np.int32), np.zeros((0, ROW_FIELDS), np.int32)
+def no_step_views(generation: int = 0):
+    """Placeholders for tables (or processes) without step storage: width 0, and the
+    layout stamp of ``generation``."""
+    return np.zeros((0, 0), np.int32), stamp_rows(generation)
+
+
+def stamp_rows(generation: int) -> np.ndarray:
+    """A ``rows`` array of the stamp record alone. The kernels' ``rows`` always ends
+    with one record whose count is the layout generation it was mapped for (step
+    storage keeps it after its rows, in the data segment)."""
+    return np.full((1, ROW_FIELDS), generation, np.int32)
 
 
 def data_header_view(buf) -> np.ndarray:

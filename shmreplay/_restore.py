@@ -11,7 +11,7 @@ from typing import Dict, List
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import errors, specs
+from shmreplay import _item_forms, errors, specs
 from shmreplay._checkpoint import Checkpoint, TableCheckpoint
 from shmreplay._kernels import table as kernels
 from shmreplay._snapshot import ITEM_FIELDS
@@ -144,7 +144,27 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
         fields["priority"], fresh, np.zeros(2, np.float64))
     if evicted < 0:
         engine._raise_status(evicted)
+    if storage is not None and "forms" in saved.layout:  # (older checkpoints have none)
+        forms = saved.array("forms")
+        for index in np.flatnonzero(forms).tolist():
+            _item_forms.record(engine, int(keys[index]), int(forms[index]))
+    _restore_episodes(engine, saved, slots)
     return evicted
+
+
+def _restore_episodes(engine, saved: TableCheckpoint, slots):
+    """Ties restored items to their writers' episodes again (``_layout``'s records;
+    ``restore_items`` gave each slot a new version). A format 1 checkpoint has no
+    episodes: each of its items is its own."""
+    if "episode" not in saved.layout or not saved.num_items:
+        return
+    episodes = np.array(saved.array("episode"))
+    mine = episodes >= 0
+    slots = np.asarray(slots)[mine]
+    engine.episodes[slots, L.E_EPISODE] = episodes[mine]
+    engine.episodes[slots, L.E_VERSION] = engine.meta[slots, L.M_VERSION]
+    if slots.size:
+        engine.ctrl[L.C_EPISODES_RECORDED] = 1
 
 
 def _damaged(saved: TableCheckpoint, problem: str) -> errors.CheckpointError:

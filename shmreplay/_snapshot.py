@@ -15,6 +15,7 @@ from typing import Dict
 
 import numpy as np
 
+from shmreplay import _item_forms, errors
 from shmreplay import _layout as L
 from shmreplay._kernels import codes, table as kernels
 
@@ -71,7 +72,10 @@ def snapshot_table(engine) -> TableSnapshot:
         out = _Outputs(engine, room, rows_room)
         with _HeldQuietly():
             started = time.perf_counter()
-            count = engine._call(kernels.hold_items, out.slots, out.fields, out.priority)
+            try:
+                count = engine._call(kernels.hold_items, out.slots, out.fields, out.priority)
+            except errors.LayoutResetError:  # reset meanwhile: look at the table again
+                continue
             if count >= 0:
                 try:
                     stored_rows = int(engine.ctrl[L.C_ROW_FRESH])
@@ -97,6 +101,11 @@ def snapshot_table(engine) -> TableSnapshot:
         break
     arrays = {name: out.fields[i, :count] for i, name in enumerate(ITEM_FIELDS)}
     arrays["priority"] = out.priority[:count]
+    arrays["episode"] = out.episode[:count]
+    if storage is not None:
+        # Read after the release: an entry is checked against the item's key, so a slot
+        # reused meanwhile reads as the usual form, never as another item's.
+        arrays["forms"] = _item_forms.forms_of(engine, arrays["key"])
     if storage is not None and not storage.steps:
         for index, copy in enumerate(out.stores):
             arrays[f"store{index}"] = copy[:count]
@@ -116,6 +125,13 @@ def _copy_held(engine, out, storage, count, stored_rows):
     rows = slice(int(slots[0]), int(slots[0]) + count) if (
         count and kernels.ascending_run(slots)) else slots
     counters = {name: int(engine.ctrl[getattr(L, name)]) for name in COUNTERS}
+    # Each item's episode: its writer's id if its record is its own, else -1 (its own).
+    if engine.ctrl[L.C_EPISODES_RECORDED]:
+        records = engine.episodes[slots]
+        own = records[:, L.E_VERSION] == engine.meta[slots, L.M_VERSION]
+        out.episode[:count] = np.where(own, records[:, L.E_EPISODE], -1)
+    else:
+        out.episode[:count] = -1
     if storage is not None and not storage.steps:
         for column, copy in zip(engine.columns, out.stores):
             _copy_rows(column, rows, copy[:count])
@@ -192,6 +208,7 @@ class _Outputs:
         self.slots = _touched((room,), np.int64)
         self.fields = _touched((len(ITEM_FIELDS), room), np.int64)
         self.priority = _touched((room,), np.float64)
+        self.episode = _touched((room,), np.int64)
         self.stores = []
         self.refs = None
         storage = engine.storage

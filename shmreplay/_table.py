@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import cloudpickle
 import numpy as np
@@ -22,8 +23,8 @@ from shmreplay import _batch_outputs, _outputs, _segment, _staging, _storage, _s
 from shmreplay._procs import pid_alive
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
-from shmreplay.replay_sample import (
-    RateLimiterCallStats, RateLimiterInfo, ReplaySample, SampleInfo, SelectorOptions, TableInfo)
+from shmreplay import _table_info
+from shmreplay.replay_sample import ReplaySample, SampleInfo, TableInfo
 
 _RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
 
@@ -90,10 +91,15 @@ class TableEngine:
         self._update_scratch = np.empty((2, 256), np.int64)  # update_whole's, grown as needed
         self._weighs = config.sampler.kind == codes.PRIORITIZED
         self._table_arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
-        # Kernels take the step arrays too; placeholders until the data segment is mapped.
-        self.refs, self.rows = L.no_step_views()
+        # Kernels take the step arrays too; placeholders until the data segment is mapped,
+        # stamped with the layout generation they stand for (see ``L.C_LAYOUT_GEN``).
+        self.layout_gen = int(views.ctrl[L.C_LAYOUT_GEN])
+        self._table_offsets[kernels.TABLE_STAMP] = self.layout_gen
+        self.refs, self.rows = L.no_step_views(self.layout_gen)
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.meta = views.meta
+        self.episodes = L.episode_view(buf, region)  # writers' episode records
+        self.episode_views = None  # their flat views (``_table_info.record_episode``)
         self.data_segment = None
         self.storage = None      # what the data segment holds (``shmreplay._storage``)
         self.columns = None      # the stores: per column (whole items) or per writer field
@@ -152,19 +158,23 @@ class TableEngine:
         plan = L.plan_data(storage, self.capacity, len(blob))
         name = L.data_segment_name(self.buffer_name, self.index)
         segment = _segment.Segment.create(name, plan.total_bytes, access.mode, access.group)
+        generation = int(self.ctrl[L.C_LAYOUT_GEN])  # (stable: the layout is not ready)
         try:
             header = L.data_header_view(segment.buf)
             header["magic"] = L.DATA_MAGIC
             header["layout_version"] = L.LAYOUT_VERSION
             header["schema_len"] = len(blob)
             header["total_bytes"] = plan.total_bytes
+            header["generation"] = generation
             segment.buf[plan.schema_offset:plan.schema_offset + len(blob)] = blob
+            if storage.steps:
+                L.step_views(segment.buf, plan, self.capacity, generation)[1][-1] = generation
             header["complete"] = 1
         except BaseException:
             segment.unlink()
             segment.close()
             raise
-        self._map_columns(segment, storage, plan)
+        self._map_columns(segment, storage, plan, generation)
         if storage.steps:
             self.ctrl[L.C_ROW_CAPACITY] = plan.row_capacity
             self.ctrl[L.C_REFS_WIDTH] = plan.width
@@ -260,25 +270,36 @@ class TableEngine:
                 raise corrupt(f"holds an unreadable or invalid schema ({exc})") from exc
             if plan.total_bytes != segment.size:
                 raise corrupt(f"has {segment.size} bytes, its schema needs {plan.total_bytes}")
+            generation = int(header["generation"][0])
+            if generation != self.ctrl[L.C_LAYOUT_GEN]:
+                # A layout forgotten (reset) since the table said ready: not this one.
+                segment.close()
+                return False
             if storage.steps and (self.ctrl[L.C_ROW_CAPACITY] != plan.row_capacity
                                   or self.ctrl[L.C_REFS_WIDTH] != plan.width):
                 raise corrupt(
                     f"holds {plan.row_capacity} rows of {plan.width} references, but the "
                     f"table's control block says {self.ctrl[L.C_ROW_CAPACITY]} of "
                     f"{self.ctrl[L.C_REFS_WIDTH]}")
-            self._map_columns(segment, storage, plan)
+            if storage.steps and L.step_views(segment.buf, plan, self.capacity,
+                                              generation)[1][-1, 0] != generation:
+                raise corrupt(f"has a layout stamp that is not its generation {generation}")
+            self._map_columns(segment, storage, plan, generation)
         except BaseException:
             segment.close()
             raise
         return True
 
-    def _map_columns(self, segment, storage, plan):
+    def _map_columns(self, segment, storage, plan, generation: int):
         self.data_segment = segment
         self.storage = storage
         self.signature = storage.signature
         self.column_specs, self.treedef = specs.flatten(storage.signature)
         self.paths = specs.path_strings(self.treedef)
-        self.refs, self.rows = L.step_views(segment.buf, plan, self.capacity)
+        self.layout_gen = generation
+        self._table_offsets[kernels.TABLE_STAMP] = generation
+        self.refs, self.rows = L.step_views(segment.buf, plan, self.capacity, generation)
+        self.forms = L.forms_view(segment.buf, plan, self.capacity)  # see _item_forms
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.columns = L.store_views(segment.buf, plan, storage.store_specs)
         # For the fast input checks: numpy's own dtype objects, so that ``is`` compares
@@ -378,9 +399,13 @@ class TableEngine:
         return None
 
     def has_columns(self) -> bool:
-        """Maps the storage if some process has defined it; False if none has yet."""
+        """Maps the storage if some process has defined it; False if none has yet.
+        A mapped layout that was forgotten since (``reset``) is dropped first."""
         if self.columns is not None:
-            return True
+            generation = self.ctrl[L.C_LAYOUT_GEN]
+            if generation == self.layout_gen:
+                return True
+            self._drop_layout(int(generation))
         if self.ctrl[L.C_SCHEMA_READY] == 0:
             return False
         return self._attach_data_segment()
@@ -460,7 +485,18 @@ class TableEngine:
         return status
 
     def _map_step_storage(self):
-        """Maps the storage a kernel said we lack (``UNMAPPED``); it must exist by then."""
+        """Maps the storage a kernel said we lack (``UNMAPPED``); it must exist by then.
+
+        Raises:
+          LayoutResetError: the layout this process mapped was forgotten (``reset``);
+            the mapping is dropped, and the caller starts again with the current one.
+        """
+        generation = int(self.ctrl[L.C_LAYOUT_GEN])
+        if generation != self.layout_gen:
+            self._drop_layout(generation)
+            raise errors.LayoutResetError(
+                f"Table '{self.name}' of buffer '{self.buffer_name}' was reset and its "
+                "layout forgotten during this call; call again.")
         if not self.has_columns():
             raise errors.BufferBrokenError(
                 f"Table '{self.name}' of buffer '{self.buffer_name}' stores steps, but its "
@@ -975,9 +1011,34 @@ class TableEngine:
         return int(io[0])
 
     def reset(self):
-        status = self._call(kernels.reset)
+        """Clears the table. A table without a signature also forgets its layout (the
+        next item may have other shapes) unless an item is being written right now."""
+        forgotten = np.zeros(1, np.int64)
+        forget = self.config.signature is None
+        status = self._call(kernels.reset, forget, forgotten)
         if status < 0:
             self._raise_status(status)
+        if forget and not forgotten[0] and self.ctrl[L.C_SCHEMA_READY]:
+            warnings.warn(
+                f"Table '{self.name}' was reset but keeps its layout: an item was being "
+                "written or read by some process at that moment (a stopped or slow writer "
+                "keeps it; reset again once it is done).", stacklevel=4)
+        if forgotten[0]:
+            # Nobody can create the next layout's segment while this name exists.
+            _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
+            self._drop_layout(int(self.ctrl[L.C_LAYOUT_GEN]))
+
+    def _drop_layout(self, generation: int):
+        """Forgets the mapped layout; placeholders stamped with ``generation``."""
+        self.detach()
+        self.storage = self.signature = self.treedef = self.paths = None
+        self.column_specs = self.forms = None
+        self._flat_keys = _UNSET
+        self.__dict__.pop("_split", None)
+        self.layout_gen = generation
+        self._table_offsets[kernels.TABLE_STAMP] = generation
+        self.refs, self.rows = L.no_step_views(generation)
+        self.arrays = self._table_arrays + (self.refs, self.rows)
 
     def close(self):
         """Marks the table closed for every process (owner's stop)."""
@@ -1051,10 +1112,7 @@ class TableEngine:
         if c[L.C_CLOSED]:  # stopped by its owner: what it held is gone
             self._raise_status(codes.CLOSED)
         self.has_columns()
-        # The configured signature, as Reverb reports it (it may describe one step of
-        # a legacy Writer's items); else what the first item fixed.
-        info = _make_info(self.config, self.config.signature if self.config.signature
-                          is not None else self.signature, c)
+        info = _table_info.make_info(self.config, c, _table_info.count_episodes(self, c))
         if self.storage is not None:
             stored = c[L.C_ROWS_LIVE] if self.storage.steps else c[L.C_SIZE] + c[L.C_PENDING]
             info = dataclasses.replace(
@@ -1131,32 +1189,3 @@ def _flat_access(treedef):
     if treedef.kind == specs.optree.PyTreeKind.TUPLE:
         return False
     return None
-
-
-def _make_info(config, signature, c) -> TableInfo:
-    limiter = config.rate_limiter
-    return TableInfo(
-        name=config.name,
-        sampler_options=SelectorOptions(config.sampler.options),
-        remover_options=SelectorOptions(config.remover.options),
-        max_size=config.max_size,
-        max_times_sampled=config.max_times_sampled,
-        rate_limiter_info=RateLimiterInfo(
-            samples_per_insert=limiter.samples_per_insert,
-            min_diff=limiter.min_diff,
-            max_diff=limiter.max_diff,
-            min_size_to_sample=limiter.min_size_to_sample,
-            insert_stats=RateLimiterCallStats(int(c[L.C_INSERTS])),
-            sample_stats=RateLimiterCallStats(int(c[L.C_SAMPLES])),
-            delete_stats=RateLimiterCallStats(int(c[L.C_DELETES]))),
-        signature=signature,
-        current_size=int(c[L.C_SIZE]),
-        num_unique_samples=int(c[L.C_NUM_UNIQUE]),
-        num_inserted=int(c[L.C_TOTAL_INSERTED]),
-        num_sampled=int(c[L.C_TOTAL_SAMPLED]),
-        num_deleted=int(c[L.C_TOTAL_DELETED]))
-
-
-def static_info(config) -> TableInfo:
-    """The info of a table that no server owns yet (all counters zero)."""
-    return _make_info(config, config.signature, np.zeros(L.CTRL_WORDS, np.int64))

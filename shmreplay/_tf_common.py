@@ -100,8 +100,12 @@ def plain(value, what: str):
 def connect(server_address) -> Client:
     """A new Client for a dataset worker: by name, or like the given Client."""
     if isinstance(server_address, _CLIENT_TYPE):
-        return Client(server_address.server_address, trust_group=server_address._trust_group)
-    return Client(server_address)
+        client = Client(server_address.server_address,
+                        trust_group=server_address._trust_group)
+    else:
+        client = Client(server_address)
+    client._connected(0.0)  # attached now (BufferNotFoundError if missing)
+    return client
 
 
 def connect_within(server_address, timeout_secs):

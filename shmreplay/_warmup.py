@@ -197,7 +197,7 @@ def _call_every_kernel():
                     legacy.create_item("sequences", 2, 1.0)
         for table in ("steps", "sequences"):
             client.sample_batch(table, 2, timeout=5)
-            next(client.sample(table, 1, timeout=5))
+            next(client.sample(table, 1, emit_timesteps=False, timeout=5))
         client.mutate_priorities("steps", deletes=[int(client.sample_batch(
             "steps", 1, timeout=5).info.key[0])])
         # Operators' calls: info, checks, dead writers, checkpoints, reset.

@@ -11,21 +11,25 @@ Items the rate limiter does not admit yet wait in the writer, in creation order
 """
 
 import collections
+import os
 import time
 from typing import List, Optional
 
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _inputs, _storage, errors, specs
+from shmreplay import _inputs, _item_forms, errors, specs
+from shmreplay._item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._kernels import table as kernels
 from shmreplay._table import _PID
+from shmreplay._table_info import record_episode
 
 _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
 _NO_ROW = -1
 _PENDING_SLICE = 0.05  # seconds a flush waits on one table before retrying the others
 _UNKNOWN = object()
+_LAYOUT_RETRIES = 5
 # numpy scalar types: immutable, so a writer keeps such a value without copying it.
 NUMPY_SCALARS = frozenset(np.sctypeDict.values())
 
@@ -84,26 +88,6 @@ class ItemColumn:
         self.source = source
 
 
-def check_column(column: ItemColumn, table: str, where: str):
-    """Every reference of a column must hold values of one shape and dtype."""
-    first = column.refs[0]
-    for ref in column.refs:
-        if ref.value.dtype != first.value.dtype or ref.value.shape != first.value.shape:
-            raise errors.SchemaError(
-                f"Table '{table}', column {where}: its steps mix {first.value.dtype}"
-                f"{list(first.value.shape)} and {ref.value.dtype}{list(ref.value.shape)}.")
-
-
-def item_specs(columns: List[ItemColumn]):
-    """The TensorSpec each column of the item is sampled with (no batch dimension)."""
-    out = []
-    for column in columns:
-        ref = column.refs[0]
-        shape = ref.value.shape if column.squeeze else (len(column.refs),) + ref.value.shape
-        out.append(specs.TensorSpec(shape, ref.value.dtype))
-    return out
-
-
 class TableRows:
     """One writer's view of one table.
 
@@ -116,6 +100,15 @@ class TableRows:
         self.engine = engine
         self.entries = {}
         self.plans = {}
+        # This writer's episode ids in this table: the base plus its episode number
+        # (``StepRef.episode``), below 2**63. From os.urandom, so no other writer's ids
+        # meet these (actors often seed ``random`` alike).
+        self.episode_base = int.from_bytes(os.urandom(8), "little") >> 2
+
+    def forget(self):
+        """Drops everything remembered: the table's layout was forgotten (``reset``)."""
+        self.entries.clear()
+        self.plans.clear()
 
     def forget_before(self, uid: int):
         """Drops entries of steps older than ``uid`` (no history can reference them)."""
@@ -129,11 +122,15 @@ class ItemPlan:
     """How items of one shape go into one table: per column, its store and whether its
     steps are shared with other items (the store holds the field the column reads)."""
 
-    __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "_uniform_refs",
-                 "_scratch")
+    __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "form", "generation",
+                 "treedef", "paths", "per_step", "_uniform_refs", "_scratch")
 
-    def __init__(self, storage, columns: List[ItemColumn]):
+    def __init__(self, storage, columns: List[ItemColumn], form: int = 0, generation: int = 0):
         self.steps = storage.steps
+        self.form = form  # which one-step columns Reverb's calls see flipped
+        self.generation = generation  # the table layout it was planned for
+        self.treedef = self.paths = None  # what ``plan_item`` planned it from
+        self.per_step = False
         self.columns = []
         if self.steps:
             for column, stored in zip(columns, storage.columns):
@@ -197,81 +194,21 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
         key = plan_key(treedef, columns)
     plan = rows.plans.get(key)
     if plan is not None:
-        return plan
+        if plan.generation == rows.engine.layout_gen:
+            return plan
+        rows.forget()  # planned for a layout forgotten since (``Client.reset``)
     engine = rows.engine
     proposal = validate_item(engine, treedef, columns, paths, per_step)
     if proposal is not None:
-        _check_rows_fit(engine, proposal, columns)
+        check_rows_fit(engine, proposal, columns)
         engine.define_storage(proposal)
         validate_item(engine, treedef, columns, paths, per_step)
-    plan = ItemPlan(engine.storage, columns)
+    plan = ItemPlan(engine.storage, columns,
+                    item_form(engine, columns, item_specs(columns), paths), engine.layout_gen)
+    plan.treedef, plan.paths, plan.per_step = treedef, paths, per_step
     if all(c.source is not None for c in columns):  # mixed columns: checked every time
         rows.plans[key] = plan
     return plan
-
-
-def _check_rows_fit(engine, storage, columns: List[ItemColumn]):
-    """Raises SchemaError, before a table's first item fixes its storage, if that item
-    needs more step rows than the storage would have (a row per distinct step of the
-    shared columns, one per reference of a mixed column)."""
-    shared = {ref.uid for column in columns if column.source is not None
-              for ref in column.refs}
-    needed = len(shared) + sum(len(c.refs) for c in columns if c.source is None)
-    rows = engine.capacity * storage.steps_per_item
-    if needed > rows:
-        raise errors.SchemaError(
-            f"Table '{engine.name}': the item references {needed} distinct steps, more "
-            f"than the step storage it would define can hold ({rows} rows, sized for "
-            f"{storage.steps_per_item} steps per item). Nothing was stored.")
-
-
-def validate_item(engine, treedef, columns: List[ItemColumn], paths: List[str],
-                  per_step: bool = False):
-    """Checks an item against the table's items; returns the storage to define, or None.
-
-    Before the table stores anything, its signature decides; with ``per_step`` a column
-    of ``T`` steps also matches a signature spec of one step. The first item then fixes
-    ``T`` for the table.
-
-    Raises:
-      SchemaError: if the item's structure, shapes or dtypes differ from the table's.
-    """
-    table = engine.name
-    for column, path in zip(columns, paths):
-        check_column(column, table, path)
-    got = item_specs(columns)
-    layout = engine.known_layout()
-    if layout is not None:
-        expected_treedef, expected_specs, _ = layout
-        if not specs.same_structure(treedef, expected_treedef):
-            problems, _ = specs.structure_mismatch(treedef, expected_treedef, expected_specs)
-            raise errors.SchemaError(
-                f"Table '{table}': the item does not match the structure of the table's "
-                f"items: {'; '.join(problems)}.")
-        by_signature = per_step and not engine.has_columns()
-        for spec, want, path, column in zip(got, expected_specs, paths, columns):
-            if spec.shape != want.shape or spec.dtype != want.dtype:
-                if (by_signature and spec.dtype == want.dtype and not column.squeeze
-                        and spec.shape[1:] == want.shape):
-                    continue  # the signature describes one step of the sequence
-                raise errors.SchemaError(
-                    f"Table '{table}', column {path}: the item has {spec.dtype}"
-                    f"{list(spec.shape)}, the table's items have {want.dtype}{list(want.shape)}.")
-    if engine.has_columns():
-        storage = engine.storage
-        if storage.steps:
-            for column, stored, path in zip(columns, storage.columns, paths):
-                if column.squeeze != stored.squeeze:
-                    raise errors.SchemaError(
-                        f"Table '{table}', column {path}: the table stores it "
-                        f"{'squeezed (one step, no time dimension)' if stored.squeeze else 'as a sequence'}"
-                        f", the item {'squeezes it' if column.squeeze else 'does not'}.")
-        return None
-    cells = [specs.TensorSpec(c.refs[0].value.shape, c.refs[0].value.dtype) for c in columns]
-    signature = specs.optree.tree_unflatten(treedef, got)
-    return _storage.step_storage(signature, cells, [len(c.refs) for c in columns],
-                                 [c.squeeze for c in columns],
-                                 [c.source for c in columns])
 
 
 def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
@@ -279,14 +216,29 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     """Inserts one planned item into ``rows.engine``; returns its key.
 
     ``uids``: the steps every column reads, when the caller knows they all read the same
-    ones (None: find out).
+    ones (None: find out). An item planned for a layout that was forgotten since
+    (``Client.reset``) is planned again for the table's current one.
 
     Raises DeadlineExceededError (nothing inserted) if the rate limiter does not admit
     it within ``timeout`` (0: do not wait).
     """
+    for attempt in range(_LAYOUT_RETRIES):
+        if plan.generation != rows.engine.layout_gen:
+            rows.forget()
+            plan = plan_item(rows, plan.treedef, columns, plan.paths, per_step=plan.per_step)
+        try:
+            return _insert_item(rows, plan, columns, priority, timeout, uids)
+        except errors.LayoutResetError:
+            if attempt == _LAYOUT_RETRIES - 1:
+                raise
+
+
+def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
+                 timeout, uids):
     engine = rows.engine
+    episode = rows.episode_base + columns[0].refs[0].episode
     if not plan.steps:
-        return _insert_whole(engine, columns, priority, timeout)
+        return _insert_whole(engine, columns, priority, timeout, plan.form, episode)
     if plan.uniform:
         if uids is None:
             uids = [ref.uid for ref in columns[0].refs]
@@ -356,7 +308,7 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember)
+    return _commit(engine, slot, priority, entries, remember, plan.form, episode)
 
 
 def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float, timeout):
@@ -379,9 +331,13 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     # ``by_step``: ``refs[i][c]`` is step i's value in column c; otherwise ``refs[c][i]``
     # is step i's reference in column c.
     engine = rows.engine
+    if plan.generation != engine.layout_gen:  # (callers fall back to ``insert_item``)
+        raise errors.LayoutResetError(f"Table '{engine.name}': its layout was forgotten.")
     entries = rows.entries
     full = plan.full_mask
     n = len(uids)
+    # A legacy Writer's steps are all of its one episode; a TrajectoryWriter's refs say.
+    episode = rows.episode_base if by_step else rows.episode_base + refs[0][0].episode
     known_rows, known_gens, out, out_rows, out_fresh = plan.scratch(n)
     complete = [False] * n  # the remembered row holds every column of the step
     for i, uid in enumerate(uids):
@@ -421,7 +377,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember)
+    return _commit(engine, slot, priority, entries, remember, plan.form, episode)
 
 
 def _reserve(engine, known, ref_steps, timeout):
@@ -439,11 +395,13 @@ def _reserve(engine, known, ref_steps, timeout):
     return slot, got_rows.tolist(), fresh.tolist()
 
 
-def _commit(engine, slot, priority, entries, remember):
+def _commit(engine, slot, priority, entries, remember, form: int, episode):
     """Publishes the item in ``slot``; then the writer remembers where its steps went."""
+    record_episode(engine, slot, episode)
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)
+    _item_forms.record(engine, key, form)
     entries.update(remember)
     return key
 
@@ -482,22 +440,26 @@ def check_priority(engine, priority) -> float:
     return float(_inputs.check_priorities(engine, priority, 1)[0])
 
 
-def _insert_whole(engine, columns, priority, timeout):
+def _insert_whole(engine, columns, priority, timeout, form: int, episode):
     """An item for a table that stores whole items (its first item came from insert):
-    the referenced steps are stacked into the item's columns."""
+    the referenced steps are stacked into the item's columns (in the table's form)."""
     arrays = []
-    for column in columns:
+    for column, spec in zip(columns, engine.column_specs):
         if column.squeeze:
-            arrays.append(column.refs[0].value)
+            array = column.refs[0].value
         else:
-            arrays.append(np.stack([ref.value for ref in column.refs]))
+            array = np.stack([ref.value for ref in column.refs])
+        arrays.append(np.reshape(array, spec.shape))
     slots, rows = engine.reserve_items(1, timeout)
     try:
         engine.write_items(slots, rows, arrays, False)
+        record_episode(engine, int(slots[0]), episode)
     except BaseException:
         engine.cancel(slots)
         raise
-    return int(engine.commit(slots, np.array([priority], np.float64))[0])
+    key = int(engine.commit(slots, np.array([priority], np.float64))[0])
+    _item_forms.record(engine, key, form)
+    return key
 
 
 class PendingItems:

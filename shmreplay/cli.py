@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from shmreplay import _layout, _peek, errors
+from shmreplay import _address, _layout, _peek, errors
 
 
 def cmd_ls(args, out):
@@ -24,15 +24,29 @@ def cmd_ls(args, out):
     if not found:
         print("no shmreplay buffers", file=out)
         return 0
-    width = max([40] + [len(name) for name in found])
+    labels = {name: _label(name) for name in found}
+    width = max([40] + [len(label) for label in labels.values()])
     print(f"{'NAME':{width}s} {'OWNER':>8s} {'STATE':8s} {'TABLES':>6s} {'ITEMS':>10s} "
           f"{'MEMORY':>10s}", file=out)
     for name, entries in found.items():
         seen = _peek.peek(name)
-        print(f"{name:{width}s} {_or_unknown(seen.pid):>8s} {seen.status:8s} "
+        print(f"{labels[name]:{width}s} {_or_unknown(seen.pid):>8s} {seen.status:8s} "
               f"{_or_unknown(seen.tables):>6s} {_or_unknown(seen.items):>10s} "
               f"{_peek.format_bytes(_peek.memory(entries)):>10s}", file=out)
     return 0
+
+
+def _label(name) -> str:
+    """A port's buffer shows the address clients reach it at."""
+    port = _address.port_of(name)
+    return name if port is None else f"{name} (localhost:{port})"
+
+
+def _attach(client_type, args):
+    """A Client attached now: the operator's commands never wait for a buffer."""
+    client = client_type(args.name, trust_group=args.trust_group)
+    client._connected(0.0)
+    return client
 
 
 def _or_unknown(value) -> str:
@@ -41,7 +55,7 @@ def _or_unknown(value) -> str:
 
 def cmd_info(args, out):
     from shmreplay.client import Client
-    with Client(args.name, trust_group=args.trust_group) as client:
+    with _attach(Client, args) as client:
         print(_info_owner(client, args.name), file=out)
         for table, info in client.server_info().items():
             limiter = info.rate_limiter_info
@@ -86,7 +100,7 @@ def _info_owner(client, name) -> str:
 def cmd_verify(args, out):
     from shmreplay.client import Client
     status = 0
-    with Client(args.name, trust_group=args.trust_group) as client:
+    with _attach(Client, args) as client:
         for table in client.server_info():
             problems = client.verify(table)
             print(f"{table}: {'ok' if not problems else '; '.join(problems)}", file=out)
@@ -182,7 +196,7 @@ def cmd_top(args, out):
     try:
         from shmreplay.client import Client
         try:
-            client = Client(args.name, trust_group=args.trust_group)
+            client = _attach(Client, args)
             inode = os.lstat(_peek.header_path(args.name)).st_ino
         except (errors.BufferNotFoundError, FileNotFoundError):
             print(f"shmreplay top: no buffer named '{args.name}' on this machine "
@@ -218,7 +232,7 @@ def cmd_top(args, out):
 def cmd_checkpoint(args, out):
     from shmreplay import _checkpoint
     from shmreplay.client import Client
-    with Client(args.name, trust_group=args.trust_group) as client:
+    with _attach(Client, args) as client:
         progress = None if args.progress is None else args.progress == "on"
         path = client.checkpoint(args.path, progress=progress)
     saved = _checkpoint.load(path)

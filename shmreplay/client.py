@@ -4,27 +4,49 @@ The facade: it validates and converts user input, calls the table engines, and w
 results. No offsets, no locks, no numba here.
 """
 
+import functools
 import os
-import re
+import threading
 import time
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from shmreplay import _buffer, _inputs, errors, specs
+from shmreplay import _address, _connect, _inputs, _item_forms, errors, specs
 from shmreplay._kernels import table as kernels
 from shmreplay._table import TableEngine
 from shmreplay.replay_sample import ReplaySample, SampleInfo
-from shmreplay.table import validate_name
 
 _UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
+
+
+_LAYOUT_RETRIES = 5
+
+
+def _after_layout_reset(call, *args):
+    """``call(*args)``, again if a table's layout is forgotten under it (the call
+    starts afresh: checks and plans made for the old layout are dropped)."""
+    for attempt in range(_LAYOUT_RETRIES):
+        try:
+            return call(*args)
+        except errors.LayoutResetError:
+            if attempt == _LAYOUT_RETRIES - 1:
+                raise
+
+
+def _retried_after_layout_reset(method):
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        return _after_layout_reset(lambda: method(*args, **kwargs))
+    return call
 
 
 class Client:
     """A handle on a buffer, usable from any process of the same user.
 
     Args:
-      server_address: The buffer's name (``Server.name``).
+      server_address: The buffer's name (``Server.name``), or a Reverb address of
+        this machine such as ``f"localhost:{server.port}"`` (``docs/guide.md``).
       trust_group: Also attach to a buffer of another user, if its owner shared it
         with a group this process belongs to (``Server(share_with_group=True)``).
         Attaching unpickles configuration that any member of that group could have
@@ -32,31 +54,53 @@ class Client:
         trust every member of the group. Buffers of your own user never need it.
 
     Raises:
-      InvalidNameError: if ``server_address`` is not a buffer name; a Reverb address
-        such as ``"localhost:8000"`` is told how names replace addresses.
-      BufferNotFoundError: if no buffer of that name exists.
+      InvalidNameError: if ``server_address`` is neither a buffer name nor an address
+        of this machine (another host is refused with a message saying why).
       LayoutMismatchError: if the name belongs to something that is not a compatible
         shmreplay buffer, or to another user's buffer that is not group-shared or that
         ``trust_group`` does not accept.
 
-    A Client pickles as its name, so it can be passed to ``multiprocessing`` workers;
-    each process maps the buffer on first use. It is safe to share between threads.
+    A missing buffer is no error here: as Reverb's client connects lazily, each call
+    that needs the buffer waits for it up to the call's ``timeout`` and then raises
+    ``BufferNotReadyError`` (a ``BufferNotFoundError`` and a ``DeadlineExceededError``);
+    a call without a timeout waits, logging after a few seconds which buffer it waits
+    for and which exist.
+
+    A Client pickles as its address, so it can be passed to ``multiprocessing``
+    workers; each process maps the buffer on first use. It is safe to share between
+    threads.
     """
 
     def __init__(self, server_address: str, trust_group: bool = False):
-        self._name = _buffer_name(server_address)
+        self._name = _address.buffer_name(server_address)
+        self._address = server_address
         self._trust_group = bool(trust_group)
-        try:
-            self._buffer = _buffer.attach(self._name, trust_group=self._trust_group)
-        except errors.BufferNotFoundError as exc:
-            raise errors.BufferNotFoundError(_not_found(self._name, exc)) from exc
+        self._closed = False
+        self._lock = threading.Lock()
+        self._buffer = _connect.attach_now(self._name, self._trust_group)  # None: lazy
 
     @property
     def server_address(self) -> str:
-        return self._name
+        """The address this Client was given (a name, or ``"localhost:P"``), as Reverb's."""
+        return self._address
 
     def __reduce__(self):
-        return (Client, (self._name, self._trust_group))
+        return (Client, (self._address, self._trust_group))
+
+    def _connected(self, timeout: Optional[float] = None):
+        """The attached buffer; a lazy Client first waits for it (``_connect``)."""
+        buffer = self._buffer
+        if buffer is not None:
+            return buffer
+        if self._closed:
+            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+        buffer = _connect.wait_for(self._name, self._trust_group, timeout, self._address)
+        with self._lock:  # two threads may have waited: one mapping stays
+            if self._buffer is None and not self._closed:
+                self._buffer, buffer = buffer, None
+        if buffer is not None:
+            buffer.close()
+        return self._connected(0.0)
 
     def __repr__(self):
         return f"Client({self._name!r})"
@@ -69,14 +113,16 @@ class Client:
 
     def close(self):
         """Unmaps the buffer from this process (the buffer itself stays)."""
-        buffer, self._buffer = self._buffer, None
+        self._closed = True
+        with self._lock:
+            buffer, self._buffer = self._buffer, None
         if buffer is not None:
             buffer.close()
 
-    def _engine(self, table: str) -> TableEngine:
+    def _engine(self, table: str, timeout: Optional[float] = None) -> TableEngine:
         buffer = self._buffer
         if buffer is None:
-            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+            buffer = self._connected(timeout)
         engine = buffer.by_name.get(table)
         if engine is None:
             raise errors.TableNotFoundError(
@@ -109,18 +155,21 @@ class Client:
           SchemaError: if the data does not match a table's columns.
           DeadlineExceededError: if ``timeout`` expired; nothing was inserted.
         """
-        if type(priorities) is dict and len(priorities) == 1:
-            # The actor's hot path: one table, data already shaped like its columns.
-            (table, priority), = priorities.items()
-            engine = self._engine(table)
-            leaves = engine.fast_leaves(data)
-            if leaves is not None:
-                if type(priority) is not float:
-                    priority = float(_inputs.check_priorities(engine, priority, 1)[0])
-                elif not 0.0 <= priority <= engine.max_priority:  # also rejects NaN
-                    _inputs.check_priorities(engine, priority, 1)
-                return {table: engine.insert_one(leaves, priority, timeout)}
-        return self._insert(data, priorities, timeout, batched=False)
+        try:
+            if type(priorities) is dict and len(priorities) == 1:
+                # The actor's hot path: one table, data already shaped like its columns.
+                (table, priority), = priorities.items()
+                engine = self._engine(table, timeout)
+                leaves = engine.fast_leaves(data)
+                if leaves is not None:
+                    if type(priority) is not float:
+                        priority = float(_inputs.check_priorities(engine, priority, 1)[0])
+                    elif not 0.0 <= priority <= engine.max_priority:  # also rejects NaN
+                        _inputs.check_priorities(engine, priority, 1)
+                    return {table: engine.insert_one(leaves, priority, timeout)}
+            return self._insert(data, priorities, timeout, batched=False)
+        except errors.LayoutResetError:  # checked against a layout forgotten meanwhile
+            return _after_layout_reset(self._insert, data, priorities, timeout, False)
 
     def insert_batch(self, data, priorities, timeout: Optional[float] = None):
         """Inserts ``B`` items into each table named in ``priorities``, atomically per table.
@@ -137,9 +186,15 @@ class Client:
           as ``insert``; also SchemaError if leaves have different leading sizes, and
           ValueError if ``B`` exceeds what the table can take in one call.
         """
+        try:
+            return self._insert_batch(data, priorities, timeout)
+        except errors.LayoutResetError:  # checked against a layout forgotten meanwhile
+            return _after_layout_reset(self._insert, data, priorities, timeout, True)
+
+    def _insert_batch(self, data, priorities, timeout):
         if type(priorities) is dict and len(priorities) == 1:
             (table, priority), = priorities.items()
-            engine = self._engine(table)
+            engine = self._engine(table, timeout)
             fast = engine.fast_batch_leaves(data)
             # (a batch too large for the table goes the general way, which names the
             # problem after checking the priorities, as for any other bad input)
@@ -168,27 +223,28 @@ class Client:
         # Validate everything before changing anything (columns included).
         plans = []
         for table, priority in priorities.items():
-            engine = self._engine(table)
+            engine = self._engine(table, timeout)
             prios = _inputs.check_priorities(engine, priority, count)
-            arrays, proposal = _inputs.prepare_leaves(engine, leaves, treedef, batched)
+            arrays, proposal, form = _inputs.prepare_leaves(engine, leaves, treedef, batched)
             _inputs.check_batch_fits(engine, count)
-            plans.append([engine, arrays, prios, proposal])
+            plans.append([engine, arrays, prios, proposal, form])
         for plan in plans:
-            engine, _, _, proposal = plan
+            engine, proposal = plan[0], plan[3]
             if proposal is not None:  # a table's first item fixes its storage
                 engine.define_storage(proposal)
-                plan[1], _ = _inputs.prepare_leaves(engine, leaves, treedef, batched)
+                plan[1], _, plan[4] = _inputs.prepare_leaves(engine, leaves, treedef, batched)
         reserved = _reserve_in_every_table([plan[0] for plan in plans], count, timeout)
         try:
-            for (engine, arrays, _, _), (slots, rows) in zip(plans, reserved):
+            for (engine, arrays, *_), (slots, rows) in zip(plans, reserved):
                 engine.write_items(slots, rows, arrays, batched)
         except BaseException:
-            for (engine, _, _, _), (slots, _) in zip(plans, reserved):
+            for (engine, *_), (slots, _) in zip(plans, reserved):
                 engine.cancel(slots)
             raise
         keys = {}
-        for (engine, _, prios, _), (slots, _) in zip(plans, reserved):
+        for (engine, _, prios, _, form), (slots, _) in zip(plans, reserved):
             committed = engine.commit(slots, prios)
+            _item_forms.record(engine, committed, form)
             keys[engine.name] = committed if batched else int(committed[0])
         return keys
 
@@ -228,8 +284,7 @@ class Client:
         return TrajectoryWriter(self, num_keep_alive_refs, validate_items)
 
     def _check_open(self):
-        if self._buffer is None:
-            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+        self._connected()  # a writer needs the buffer (waits for a lazy Client's)
 
     # --- sampling -------------------------------------------------------------------------
 
@@ -259,46 +314,57 @@ class Client:
             if int(batch_size) != batch_size or batch_size < 1:
                 raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
             batch_size = int(batch_size)
-        return self._engine(table).sample(batch_size, timeout)
+        try:
+            return self._engine(table, timeout).sample(batch_size, timeout)
+        except errors.LayoutResetError:
+            return _after_layout_reset(self._engine(table).sample, batch_size, timeout)
 
     def sample(self, table: str, num_samples: int = 1, emit_timesteps: bool = True,
                timeout: Optional[float] = None, unpack_as_table_signature: bool = False
                ) -> Iterator:
         """Yields ``num_samples`` samples, one at a time (Reverb's ``Client.sample``).
 
-        With ``emit_timesteps=True`` each sample is a list of one ``ReplaySample`` per
-        timestep of the item (an item from ``insert`` is one timestep); otherwise a
-        single ``ReplaySample`` holding the whole item: sequence columns ``[T, ...]``,
-        and items from ``insert`` with a leading time dimension of 1 (as in Reverb).
-        ``info`` fields are Python scalars. For training loops use ``sample_batch``.
+        As in Reverb, ``data`` is the **flat list** of the item's columns (in
+        ``tree.flatten`` order: dict keys sorted) unless ``unpack_as_table_signature``
+        is True; then it is the item's nest. Columns come as Reverb stores them: an
+        item from ``insert``, from the legacy ``Writer`` or from ``[-n:]`` windows has
+        a time dimension (``[1, ...]`` for ``insert``); a squeezed ``history[k][-1]``
+        column has none.
+
+        With ``emit_timesteps=False`` each sample is one ``ReplaySample``. With
+        ``emit_timesteps=True`` (the default) each is a list of one ``ReplaySample``
+        per timestep: every column is split along its first dimension, and all
+        columns must have the same length. ``info`` fields are Python scalars. For
+        training loops use ``sample_batch``.
 
         Raises:
           TableNotFoundError: unknown table (on the first ``next``).
-          DeadlineExceededError: a sample was not allowed within ``timeout``.
+          DeadlineExceededError: a sample was not allowed within ``timeout``
+            (shmreplay's addition: Reverb's waits forever).
           ValueError: ``emit_timesteps=True`` on items whose columns differ in length
             ("Can't split non timestep trajectory into timesteps.").
         """
         if int(num_samples) != num_samples or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}.")
         for _ in range(int(num_samples)):
-            engine = self._engine(table)
-            batch = engine.sample(1, timeout)
+            engine = self._engine(table, timeout)
+            batch = _after_layout_reset(engine.sample, 1, timeout)
             info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
-            steps = engine.storage.steps
+            columns = _item_forms.reverb_columns(engine, batch)
+            unflatten = _item_forms.unflattener(engine) if unpack_as_table_signature else list
             if not emit_timesteps:
-                # Whole items keep the batch dimension as their time dimension of 1.
-                yield ReplaySample(info, _unbatch(batch.data) if steps else batch.data)
+                yield ReplaySample(info, unflatten(columns))
                 continue
-            item = _unbatch(batch.data)
-            length = _timesteps(engine.storage)
-            if length is None:
-                yield [ReplaySample(info, item)]
-            else:
-                yield [ReplaySample(info, specs.optree.tree_map(lambda leaf: leaf[t], item))
-                       for t in range(length)]
+            # Reverb splits every column along its first dimension (a squeezed column
+            # included) and refuses columns of different lengths.
+            if len({len(column) for column in columns}) != 1:
+                raise ValueError("Can't split non timestep trajectory into timesteps.")
+            yield [ReplaySample(info, unflatten([column[t, ...] for column in columns]))
+                   for t in range(len(columns[0]))]
 
     # --- priorities and lifecycle ---------------------------------------------------------
 
+    @_retried_after_layout_reset
     def mutate_priorities(self, table: str, updates: Optional[Dict[int, float]] = None,
                           deletes: Optional[List[int]] = None):
         """Updates priorities and/or deletes items, by key. Unknown keys are ignored.
@@ -318,6 +384,7 @@ class Client:
         delete_keys = np.asarray(list(deletes or ()), np.uint64).reshape(-1)
         engine.mutate(delete_keys.view(np.int64), keys.view(np.int64), prios)
 
+    @_retried_after_layout_reset
     def update_priorities(self, table: str, keys, priorities):
         """Sets the priorities of items by key, from arrays (the fast form of mutate).
 
@@ -349,10 +416,17 @@ class Client:
             prios = _inputs.check_priorities(engine, priorities, keys.size)
         return engine.update(keys.view(np.int64), prios)
 
+    @_retried_after_layout_reset
     def reset(self, table: str):
-        """Removes every item of ``table`` and resets its rate limiter."""
+        """Removes every item of ``table`` and resets its rate limiter.
+
+        A table without a signature also forgets the layout its first item fixed, so
+        that the next item may have other shapes (as Reverb's tables take any): unless
+        some item is being written or read at that moment, when the layout stays.
+        Every process sees the new layout at its next call."""
         self._engine(table).reset()
 
+    @_retried_after_layout_reset
     def verify(self, table: str) -> List[str]:
         """Checks a table's invariants (sum-trees, heaps, lists, counters, slot states).
 
@@ -391,11 +465,10 @@ class Client:
           OSError: if the file cannot be written (nothing is left behind).
         """
         from shmreplay import _checkpoint, checkpointers
-        if self._buffer is None:
-            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
+        buffer = self._connected()
         keep_latest_only = path is None  # a checkpointer's directory; not the user's own
         if path is None:
-            root = self._buffer.checkpoint_root
+            root = buffer.checkpoint_root
             if root is None:
                 root = checkpointers.private_temporary_directory(self._name)
             os.makedirs(root, exist_ok=True)
@@ -406,72 +479,26 @@ class Client:
             path = checkpointer.new_checkpoint_path()
         else:
             checkpointer = None
-        summary = _checkpoint.save(self._buffer.engines, path, self._name, progress)
+        summary = _checkpoint.save(buffer.engines, path, self._name, progress)
         if keep_latest_only:
             checkpointer.remove_older_than(summary.path)
         return summary.path
 
     def server_info(self, timeout: Optional[float] = None):
-        """``{table_name: TableInfo}`` for every table."""
-        if self._buffer is None:
-            raise errors.ClosedError(f"Client for '{self._name}' was closed.")
-        return {engine.name: engine.info() for engine in self._buffer.engines}
+        """``{table_name: TableInfo}`` for every table.
 
+        Args:
+          timeout: Seconds to wait for a buffer that does not exist yet (a lazy
+            Client's); None waits as long as it takes.
 
-# --- addresses ---------------------------------------------------------------------------
-
-# What a name that is really a host (Reverb's "localhost:8000" without the port) looks like.
-_HOST = re.compile(r"localhost|\d{1,3}(\.\d{1,3}){3}")
-
-
-def _buffer_name(address) -> str:
-    """``address`` if it is a valid buffer name; a Reverb-style address is told how
-    names replace addresses (no valid name contains ':', so none is refused here)."""
-    try:
-        return validate_name(address, "Buffer", _buffer.MAX_BUFFER_NAME)
-    except errors.InvalidNameError:
-        if not (isinstance(address, str) and ":" in address):
-            raise
-    raise errors.InvalidNameError(
-        f"Client({address!r}): shmreplay attaches to a buffer by its name, not by a "
-        "host:port address (there is no server socket). Pass the name the Server was "
-        "created with: Server(tables, name='my-replay') and Client('my-replay'), or "
-        "Client(server.name) where Reverb has Client(f'localhost:{server.port}'). "
-        "`shmreplay ls` lists the buffers on this machine.") from None
-
-
-def _not_found(name: str, exc) -> str:
-    hint = ("`shmreplay ls` lists the buffers on this machine; Server(tables, name=...) "
-            "creates one")
-    if _HOST.fullmatch(name):
-        hint = (f"{name!r} looks like a host: shmreplay buffers are named (Server(tables, "
-                f"name=...), server.name), not addressed. {hint[0].upper()}{hint[1:]}")
-    return f"{exc} {hint}."
+        Raises:
+          BufferNotReadyError: (a ``DeadlineExceededError``, as in Reverb) the buffer
+            did not appear within ``timeout``.
+        """
+        return {engine.name: engine.info() for engine in self._connected(timeout).engines}
 
 
 # --- input conversion ----------------------------------------------------------------------
-
-
-def _unbatch(data):
-    return specs.optree.tree_map(lambda leaf: leaf[0], data)
-
-
-def _timesteps(storage):
-    """The number of timesteps of the table's items, None for items without a time
-    dimension (whole items, or all columns squeezed).
-
-    Raises:
-      ValueError: the columns have different lengths (or some are squeezed).
-    """
-    if not storage.steps:
-        return None
-    squeezed = [column.squeeze for column in storage.columns]
-    if all(squeezed):
-        return None
-    lengths = {column.length for column in storage.columns}
-    if any(squeezed) or len(lengths) != 1:
-        raise ValueError("Can't split non timestep trajectory into timesteps.")
-    return lengths.pop()
 
 
 def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):

@@ -17,6 +17,8 @@ The contract, in one place:
 * ``BufferBrokenError``: the buffer broke underneath you: its owner stopped and removed
   it, or it is corrupt. The OS error, if any, is the ``__cause__``.
 * ``BufferNotFoundError``: no buffer of that name exists on this machine.
+  ``BufferNotReadyError``, also a ``DeadlineExceededError``, is the one a Client's call
+  raises after waiting for its buffer up to its ``timeout`` (Reverb's lazy connection).
 * ``BufferExistsError`` (also a ``FileExistsError``): ``Server(name=...)`` with a name
   a buffer already has; the message says whether its owner is alive (and its pid) or
   dead, and that ``shmreplay gc`` removes a dead owner's buffer.
@@ -55,6 +57,13 @@ class BufferBrokenError(ShmReplayError, RuntimeError):
 
 class BufferNotFoundError(ShmReplayError, FileNotFoundError):
     """No shmreplay buffer with this name exists on this machine."""
+
+
+class BufferNotReadyError(BufferNotFoundError, DeadlineExceededError):
+    """A Client's call waited for its buffer to be created, up to its timeout, in vain.
+
+    Both a ``BufferNotFoundError`` and a ``DeadlineExceededError`` (Reverb raises the
+    latter when no server answers within the deadline)."""
 
 
 class BufferExistsError(ShmReplayError, FileExistsError):
@@ -96,3 +105,9 @@ def seconds(value, unit: str = "s") -> str:
         return f"{float(value):.6g} {unit}"
     except (TypeError, ValueError):
         return f"{value!r} {unit}"
+
+
+class LayoutResetError(ShmReplayError, RuntimeError):
+    """A table's layout was forgotten (``Client.reset`` of a table without a signature)
+    while a call was under way. The library's calls retry on their own; a call that
+    still sees it (the table reset again and again) may simply be repeated."""

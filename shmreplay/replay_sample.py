@@ -89,14 +89,34 @@ class ReplaySample(NamedTuple):
     data: Any
 
 
-@dataclasses.dataclass(frozen=True)
-class RateLimiterCallStats:
-    completed: int
+class _Message:
+    """Proto-style reading for the info records: ``HasField`` answers for their
+    sub-message fields, and a scalar field raises ``ValueError`` as a proto3 message's
+    does (it has no presence)."""
+
+    _MESSAGES = ()
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 (the protobuf name)
+        if name in self._MESSAGES:
+            return getattr(self, name) is not None
+        raise ValueError(f'Protocol message {type(self).__name__} has no non-repeated '
+                         f'submessage field "{name}" nor marked as optional')
 
 
 @dataclasses.dataclass(frozen=True)
-class RateLimiterInfo:
-    """The limiter's parameters and counters, as Reverb reports them."""
+class RateLimiterCallStats(_Message):
+    """Reverb's ``RateLimiterCallStats``: how many calls of one kind completed."""
+
+    completed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimiterInfo(_Message):
+    """The limiter's parameters and counters, as Reverb reports them
+    (``info.rate_limiter_info.sample_stats.completed``). ``delete_stats`` is
+    shmreplay's own."""
+
+    _MESSAGES = ("insert_stats", "sample_stats", "delete_stats")
 
     samples_per_insert: float
     min_diff: float
@@ -107,36 +127,89 @@ class RateLimiterInfo:
     delete_stats: RateLimiterCallStats
 
 
-class SelectorOptions(dict):
-    """A selector's description: a dict whose keys also read as attributes, as
-    Reverb's ``KeyDistributionOptions`` do (``options.prioritized.priority_exponent``).
+@dataclasses.dataclass(frozen=True)
+class TableWorkerTime(_Message):
+    """Reverb's table worker's time accounting. There is no table worker thread here
+    (callers run the table's operations themselves), so every field is 0."""
 
-    A selector flag the options do not hold (``options.fifo`` of a Uniform sampler)
-    reads as False, as an unset proto field does.
+    running_ms: int = 0
+    sampling_ms: int = 0
+    inserting_ms: int = 0
+    sleeping_ms: int = 0
+    waiting_for_sampling_ms: int = 0
+    waiting_for_inserts_ms: int = 0
+
+
+class SelectorOptions(dict):
+    """A selector's description, read as Reverb's ``KeyDistributionOptions`` proto is.
+
+    A dict such as ``{'prioritized': {'priority_exponent': 0.8}, 'is_deterministic':
+    False}`` or ``{'fifo': True, 'is_deterministic': True}`` whose keys also read as
+    attributes (``options.prioritized.priority_exponent``). As in the proto, a field
+    of the ``distribution`` oneof that is not set reads as its default (``options.fifo``
+    of a Uniform sampler is False, ``options.heap.min_heap`` False,
+    ``options.prioritized.priority_exponent`` 0.0), ``HasField`` says which one is set,
+    and ``WhichOneof("distribution")`` names it.
     """
 
     __slots__ = ()
-    _FLAGS = frozenset(("uniform", "fifo", "lifo"))
+    _FLAGS = ("fifo", "uniform", "lifo")
+    _MESSAGES = {"prioritized": {"priority_exponent": 0.0}, "heap": {"min_heap": False}}
+    _SCALARS = {"is_deterministic": False, "priority_exponent": 0.0, "min_heap": False}
 
     def __getattr__(self, name):
         try:
             value = self[name]
         except KeyError:
-            if name in SelectorOptions._FLAGS:
-                return False
+            if name in SelectorOptions._FLAGS or name in SelectorOptions._SCALARS:
+                return SelectorOptions._SCALARS.get(name, False)
+            if name in SelectorOptions._MESSAGES:
+                return SelectorOptions(SelectorOptions._MESSAGES[name])
             raise AttributeError(f"selector options have no field {name!r} "
                                  f"(they hold {sorted(self)})") from None
         return SelectorOptions(value) if type(value) is dict else value
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 (the protobuf name)
+        """Whether ``name``, a field of the ``distribution`` oneof, is the one set."""
+        if name in SelectorOptions._FLAGS:
+            return bool(self.get(name, False))
+        if name in SelectorOptions._MESSAGES:
+            return name in self
+        if name == "distribution":
+            return self.WhichOneof("distribution") is not None
+        raise ValueError(f'Protocol message KeyDistributionOptions has no non-repeated '
+                         f'submessage field "{name}" nor marked as optional')
+
+    def WhichOneof(self, group: str):  # noqa: N802 (the protobuf name)
+        """The set field of the ``distribution`` oneof (``"fifo"``, ``"prioritized"``,
+        ...), or None."""
+        if group != "distribution":
+            raise ValueError(f'Protocol message has no "{group}" field.')
+        for name in (*SelectorOptions._FLAGS, *SelectorOptions._MESSAGES):
+            if self.HasField(name):
+                return name
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
 class TableInfo:
     """A snapshot of one table, returned by ``Client.server_info()`` and ``Table.info``.
 
+    The fields Reverb's ``TableInfo`` has hold what they hold there.
     ``sampler_options`` and ``remover_options`` are ``SelectorOptions``, dicts such as
     ``{'prioritized': {'priority_exponent': 0.8}, 'is_deterministic': False}`` or
-    ``{'fifo': True, 'is_deterministic': True}`` that also read as attributes, like
-    Reverb's protos: ``info.sampler_options.prioritized.priority_exponent``.
+    ``{'fifo': True, 'is_deterministic': True}`` that also read as Reverb's protos do
+    (``info.sampler_options.prioritized.priority_exponent``, ``HasField("fifo")``).
+    ``signature`` is the one the table was given (None without): its
+    ``tf.TensorSpec`` leaves come back as ``tf.TensorSpec`` in a process that has
+    imported TensorFlow (nothing imports it for you), as ``shmreplay.TensorSpec``
+    elsewhere. ``num_episodes`` counts the distinct episodes among the items: all the
+    items of one writer episode (a ``TrajectoryWriter`` between ``end_episode`` calls, a
+    legacy ``Writer``'s life) are one, each item from ``insert`` is its own.
+    ``num_deleted_episodes`` is always 0 (see docs/migrating-from-reverb.md).
+
+    The other fields are shmreplay's own: ``num_inserted``, ``num_sampled`` and
+    ``num_deleted`` count items since the table was created or reset.
 
     ``num_stored_steps`` counts the steps the table's shared memory holds: for items
     written by a writer, each distinct step once however many items reference it; for
@@ -155,6 +228,7 @@ class TableInfo:
     num_episodes: int = 0
     num_deleted_episodes: int = 0
     num_unique_samples: int = 0
+    table_worker_time: TableWorkerTime = TableWorkerTime()
     num_inserted: int = 0
     num_sampled: int = 0
     num_deleted: int = 0

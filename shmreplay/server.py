@@ -15,11 +15,11 @@ import os
 import re
 import signal
 import threading
-import uuid
 import weakref
 from typing import Optional, Sequence
 
-from shmreplay import (_buffer, _checkpoint, _layout, _peek, _restore, _warmup,
+from shmreplay import (_address, _buffer, _checkpoint, _layout, _peek, _restore,
+                       _segment, _warmup,
                        checkpointers, errors)
 from shmreplay.table import Table, validate_name
 
@@ -29,14 +29,14 @@ class Server:
 
     Args:
       tables: The tables (``shmreplay.Table``). Each becomes a live handle.
-      name: The buffer's address; ``None`` picks a unique one. Letters, digits,
-        ``_ . -``; at most 100 characters.
-      port: Accepted for Reverb compatibility and ignored (there is no socket). Note
-        that it comes after ``name``: Reverb's ``Server(tables, port, checkpointer)``
-        written positionally is refused with a ``TypeError``, never misread.
+      port: As in Reverb: clients reach the buffer at ``f"localhost:{port}"``. There
+        is no socket: port ``P`` is the buffer named ``port-P`` (``docs/design.md``).
+        ``None`` (with no ``name``) picks a free port, readable as ``server.port``.
       checkpointer: A ``shmreplay.checkpointers`` checkpointer: the Server restores
         its latest checkpoint (or its fallback), and ``Client.checkpoint()`` without a
         path writes there.
+      name: Instead of a port, the buffer's name (keyword only): letters, digits,
+        ``_ . -``; at most 100 characters. ``Client(name)`` attaches to it.
       checkpoint: A checkpoint file (or a directory of them: the latest) to restore.
         Tables are matched by name. Without ``tables``, the checkpoint's are served.
       reset_rate_limiter: Restore items but start each rate limiter afresh, as if the
@@ -56,25 +56,32 @@ class Server:
 
     Raises:
       ValueError: if ``tables`` is empty, has duplicate names, or a table is already
-        served; if ``name`` is invalid.
-      BufferExistsError: (a ``FileExistsError``) if a buffer with this name already
-        exists; the message says whether its owner is alive (and its pid) or dead.
+        served; if ``name`` is invalid; if both ``name`` and ``port`` are given, or
+        ``port`` is not in 1..65535.
+      TypeError: if ``port`` is not an int (a name goes in ``name=``).
+      BufferExistsError: (a ``FileExistsError``) if a buffer with this name (or port)
+        already exists; the message says whether its owner is alive (and its pid) or
+        dead. (A port's buffer whose owner died is replaced, as a dead server's port
+        is free again.)
       CheckpointError: if the checkpoint to restore cannot be read.
       SchemaError: if a table's signature does not match its checkpointed items.
 
     Example::
 
+        with shmreplay.Server([shmreplay.Table.queue("q", 100)]) as server:
+            client = shmreplay.Client(f"localhost:{server.port}")  # any process of this user
         with shmreplay.Server([shmreplay.Table.queue("q", 100)], name="demo") as server:
-            client = shmreplay.Client(server.name)   # in any process of this user
+            client = shmreplay.Client("demo")
     """
 
-    def __init__(self, tables: Optional[Sequence[Table]] = None, name: Optional[str] = None,
-                 port=None, checkpointer=None, *, checkpoint: Optional[str] = None,
+    def __init__(self, tables: Optional[Sequence[Table]] = None, port: Optional[int] = None,
+                 checkpointer=None, *, name: Optional[str] = None,
+                 checkpoint: Optional[str] = None,
                  reset_rate_limiter: bool = False, override_config: bool = False,
                  share_with_group: bool = False):
         # The given tables are checked before a checkpoint's configuration may be
         # copied into them (a table another Server serves must not change).
-        _check_reverb_positionals(name, port)
+        _check_name_or_port(name, port)
         _check_tables(tables or ())
         restoring = _checkpoint_to_restore(checkpoint, checkpointer)
         if restoring is not None:
@@ -82,9 +89,12 @@ class Server:
         if not tables:
             raise ValueError("At least one table must be provided.")
         _check_tables(tables)
-        if name is None:
-            name = f"srv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._name = _check_name(validate_name(name, "Buffer", _buffer.MAX_BUFFER_NAME))
+        if name is not None:
+            names = [_check_name(validate_name(name, "Buffer", _address.MAX_BUFFER_NAME))]
+        elif port is not None:
+            names = [_address.name_for_port(port)]
+        else:  # the first free port, by exclusive creation
+            names = [_address.name_for_port(p) for p in _address.free_port_candidates()]
         # Before any actor can attach: a cold numba cache is filled here, once per
         # machine, instead of in every process at its first call.
         _warmup.warm_up()
@@ -94,12 +104,17 @@ class Server:
         restore = None if restoring is None else functools.partial(
             _restore_tables, restoring, reset_rate_limiter)
         root = None if checkpointer is None else checkpointer.path
-        try:
-            self._buffer = _buffer.create(self._name, self._tables, checkpoint_root=root,
-                                          restore=restore,
-                                          mode=0o660 if share_with_group else 0o600)
-        except FileExistsError as exc:
-            raise _name_taken(self._name) from exc
+        mode = 0o660 if share_with_group else 0o600
+        for self._name in names:
+            try:
+                self._buffer = _create(self._name, self._tables, root, restore, mode)
+                break
+            except FileExistsError as exc:
+                if len(names) == 1:
+                    raise _name_taken(self._name) from exc
+        else:
+            raise errors.BufferExistsError(
+                f"Server: no free port among {len(names)} tried; pass port= or name=.")
         for table, engine in zip(self._tables, self._buffer.engines):
             table._engine = engine
         _register(self)
@@ -114,11 +129,15 @@ class Server:
         return self._name
 
     @property
-    def port(self):
-        raise AttributeError(
-            "shmreplay.Server has no port: clients attach by name. Use "
-            f"Client({self._name!r}) (or Client(server.name)) instead of "
-            "Client(f'localhost:{server.port}').")
+    def port(self) -> int:
+        """The port clients reach this buffer at: ``Client(f"localhost:{port}")``."""
+        port = _address.port_of(self._name)
+        if port is None:
+            raise AttributeError(
+                f"Server(name={self._name!r}) has no port: it was created by name. Use "
+                f"Client({self._name!r}) (or Client(server.name)), or create the Server "
+                "with port= (or neither) for Client(f'localhost:{server.port}').")
+        return port
 
     def localhost_client(self):
         """A ``Client`` attached to this buffer (Reverb's name for it)."""
@@ -208,9 +227,12 @@ def _name_taken(name: str) -> errors.BufferExistsError:
     else:
         owner = (f"{where} is not a buffer this shmreplay can judge: {seen.problem}. If it "
                  f"stays, `shmreplay rm --force {name}` removes it")
+    port = _address.port_of(name)
+    what = (f"Server(port={port}): the buffer of that port ({name!r})" if port is not None
+            else f"Server(name={name!r}): a buffer of that name")
     return errors.BufferExistsError(
-        f"Server(name={name!r}): a buffer of that name already exists on this machine; "
-        f"{owner}. (`shmreplay ls` lists the buffers.)")
+        f"{what} already exists on this machine; {owner}. (`shmreplay ls` lists the "
+        "buffers.)")
 
 
 def _check_tables(tables):
@@ -253,18 +275,63 @@ _live_servers = weakref.WeakSet()
 _hooks_installed = False
 
 
-def _check_reverb_positionals(name, port):
-    """Refuses Reverb's positional ``Server(tables, port, checkpointer)``, which would
-    otherwise name the buffer by the port and drop the checkpointer silently."""
-    if isinstance(name, int) and not isinstance(name, bool):
-        raise TypeError(
-            f"Server(tables, {name!r}, ...): the second argument is the buffer's name, not "
-            "a port (shmreplay buffers have names). Pass name='my-replay', or nothing for "
-            "a unique name; a checkpointer goes in checkpointer=.")
+def _check_name_or_port(name, port):
+    """Refuses a port that is not a port (an old positional name, a checkpointer in
+    Reverb's third place misplaced), and a buffer asked to have both."""
     if port is not None and (not isinstance(port, int) or isinstance(port, bool)):
         raise TypeError(
-            f"Server: port must be an int or None (it is ignored), got "
-            f"{type(port).__name__}. Pass a checkpointer as checkpointer=.")
+            f"Server(tables, port, checkpointer): port must be an int or None, got "
+            f"{type(port).__name__} {port!r}. A buffer name goes in name=, a "
+            "checkpointer in checkpointer= (or third).")
+    if port is not None and name is not None:
+        raise ValueError(
+            f"Server(port={port}, name={name!r}): give one; port P is the buffer named "
+            f"'port-P', reached as 'localhost:P'.")
+    if port is not None:
+        _address.name_for_port(port)  # range check
+
+
+def _create(name, tables, root, restore, mode):
+    """``_buffer.create``; a port's buffer left by a dead owner is replaced first,
+    as a dead server's port is free again (a name's is not: see ``_name_taken``)."""
+    try:
+        return _buffer.create(name, tables, checkpoint_root=root, restore=restore, mode=mode)
+    except FileExistsError:
+        if _address.port_of(name) is None or not _reclaim_dead(name):
+            raise
+    return _buffer.create(name, tables, checkpoint_root=root, restore=restore, mode=mode)
+
+
+def _reclaim_dead(name) -> bool:
+    """Removes buffer ``name`` if it is ours and its owner is dead; returns whether."""
+    seen = _peek.peek(name, tables=False)
+    if seen.alive is not False or seen.uid != os.getuid():
+        return False
+    header = _layout.SEGMENT_PREFIX + name
+    try:  # the header we judged, not one a new owner made meanwhile
+        if os.lstat(os.path.join(_peek.SHM_DIR, header)).st_ino != seen.inode:
+            return False
+    except FileNotFoundError:
+        return True
+    _close_for_attached(name)
+    for entry in sorted(_peek.segments_of(name), key=lambda e: e == header):
+        _segment.unlink("/" + entry)  # data segments first, the header last
+    return True
+
+
+def _close_for_attached(name):
+    """Marks a dead owner's tables closed, so that the Clients still attached to them
+    fail (``BufferBrokenError``) instead of feeding a buffer nobody will read again."""
+    try:
+        buffer = _buffer.attach(name)
+    except errors.ShmReplayError:
+        return
+    try:
+        for engine in buffer.engines:
+            engine.close()
+        buffer.header["state"] = _layout.STATE_STOPPED
+    finally:
+        buffer.close()
 
 
 def _register(server):

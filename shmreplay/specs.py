@@ -25,12 +25,15 @@ class TensorSpec:
     Args:
       shape: A tuple of non-negative ints (``()`` for a scalar).
       dtype: Anything ``numpy.dtype`` accepts.
-      name: Optional, for display only.
+      name: Optional, for display only (not compared).
+      from_tf: Whether the user gave a ``tf.TensorSpec`` here (``TableInfo.signature``
+        gives one back where TensorFlow is imported). Not compared.
     """
 
     shape: Tuple[int, ...]
     dtype: Any
-    name: Any = None
+    name: Any = dataclasses.field(default=None, compare=False)
+    from_tf: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -100,10 +103,18 @@ def normalize_signature(signature, table: str):
                 f"Table '{table}': unsupported signature spec at {path}: {leaf!r} "
                 "(expected a TensorSpec or anything with .shape and .dtype).")
         where = f"Table '{table}', column {path}"
-        spec = TensorSpec(to_shape(leaf.shape, where), to_numpy_dtype(leaf.dtype))
+        name = getattr(leaf, "name", None)
+        spec = TensorSpec(to_shape(leaf.shape, where), to_numpy_dtype(leaf.dtype),
+                          name if isinstance(name, str) else None, _from_tf(leaf))
         check_storable_dtype(spec.dtype, where)
         specs.append(spec)
     return optree.tree_unflatten(treedef, specs), treedef, specs
+
+
+def _from_tf(leaf) -> bool:
+    if isinstance(leaf, TensorSpec):
+        return leaf.from_tf
+    return type(leaf).__module__.startswith("tensorflow")
 
 
 def check_storable_dtype(dtype: np.dtype, where: str):
@@ -315,3 +326,27 @@ def none_paths(treedef, limit: int = 6) -> List[str]:
 
     walk(treedef, [])
     return found
+
+
+def positional(treedef) -> bool:
+    """Whether a nest names nothing: only lists, tuples and leaves (``[0]``, ``(a, b)``).
+    Such data matches a table's signature by its flattened leaves, as in Reverb; data
+    with keys or fields must name the table's."""
+    if treedef.kind in (_K.LEAF, _K.NONE):
+        return True
+    return treedef.kind in (_K.TUPLE, _K.LIST) and all(
+        positional(child) for child in treedef.children())
+
+
+_TF_NAMES = {"float16": "half", "float32": "float", "float64": "double"}
+
+
+def tf_dtype_name(dtype) -> str:
+    """A dtype as TensorFlow (and Reverb's messages) name it: ``double``, ``int64``."""
+    name = np.dtype(dtype).name
+    return _TF_NAMES.get(name, name)
+
+
+def tf_shape_str(shape) -> str:
+    """A shape as TensorFlow prints it in messages: ``[1,2]``."""
+    return "[" + ",".join(str(int(d)) for d in shape) + "]"

@@ -129,8 +129,8 @@ class Table:
     def info(self):
         """A ``TableInfo`` snapshot (the configuration only, until served)."""
         if self._engine is None:
-            from shmreplay import _table  # local: config objects stay import-light
-            return _table.static_info(self)
+            from shmreplay import _table_info  # local: config objects stay import-light
+            return _table_info.static_info(self)
         return self._engine.info()
 
     def can_sample(self, num_samples: int) -> bool:

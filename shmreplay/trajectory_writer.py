@@ -473,11 +473,13 @@ class TrajectoryWriter:
             if value.dtype != first.dtype:
                 raise errors.SchemaError(
                     f"Tensor of wrong dtype provided for column {path}. Got "
-                    f"{value.dtype} but expected {first.dtype}.")
+                    f"{specs.tf_dtype_name(value.dtype)} but expected "
+                    f"{specs.tf_dtype_name(first.dtype)}.")
             if value.shape != first.shape:
                 raise errors.SchemaError(
                     f"Tensor of incompatible shape provided for column {path}. Got "
-                    f"{list(value.shape)} which is incompatible with {list(first.shape)}.")
+                    f"{specs.tf_shape_str(value.shape)} which is incompatible with "
+                    f"{specs.tf_shape_str(first.shape)}.")
         if value.dtype.kind not in "biufc":
             raise errors.SchemaError(
                 f"Column {path}: dtype {value.dtype} cannot be stored; expected a numeric or "
@@ -497,7 +499,8 @@ class TrajectoryWriter:
         if self._root is None:
             raise RuntimeError("history is not available before the first append.")
         if self._history is None:
-            self._history = _build_history(self._root, (), self._columns)
+            self._history = _build_history(self._root, (), self._columns,
+                                           lambda path: _AbsentColumn(path, self))
         return self._history
 
     @property
@@ -641,7 +644,7 @@ class TrajectoryWriter:
             try:
                 _writing.insert_uniform_refs(rows, plan, column_refs, uids, prio, 0.0)
                 return
-            except errors.DeadlineExceededError:
+            except (errors.DeadlineExceededError, errors.LayoutResetError):
                 pass
         columns = [_writing.ItemColumn(refs, squeeze, source)
                    for refs, (source, _, squeeze) in zip(column_refs, shape)]
@@ -834,7 +837,7 @@ class _UsualItem:
         uids = [ref.uid for ref in column_refs[0]]
         try:
             _writing.insert_uniform_refs(rows, self.plan, column_refs, uids, prio, 0.0)
-        except errors.DeadlineExceededError:
+        except (errors.DeadlineExceededError, errors.LayoutResetError):
             return False
         return True
 
@@ -857,9 +860,10 @@ def _named_path(data, path):
 # --- the structure of `history` --------------------------------------------------------
 
 def _merge_structure(old, data):
-    """A skeleton of every field seen: dicts/lists/tuples of ... ``True`` at leaves."""
+    """A skeleton of every field seen: dicts/lists/tuples of ... ``True`` at leaves
+    (``_ABSENT`` at fields given only as None so far)."""
     if data is None:
-        return old
+        return _ABSENT if old is None else old
     if isinstance(data, dict):
         merged = dict(old) if isinstance(old, dict) else {}
         for key, value in data.items():
@@ -883,15 +887,36 @@ class _Seq(tuple):
         return super().__new__(cls, (kind, items))
 
 
-def _build_history(node, path, columns):
-    if node is True:
-        return columns.get(path)
+_ABSENT = object()
+
+
+class _AbsentColumn(_ColumnHistory):
+    """A field appended only as None so far: as long as every other field's history,
+    None at every step (as in Reverb, where such a field has a column of None)."""
+
+    def __init__(self, path, writer):
+        self._writer = writer
+        super().__init__(path, keep=1)
+
+    @property
+    def start(self):  # every position reads None
+        return self._writer._history_steps
+
+    @start.setter
+    def start(self, value):
+        pass
+
+
+def _build_history(node, path, columns, absent):
+    if node is True or node is _ABSENT:
+        column = columns.get(path)
+        return absent(path) if column is None else column
     if isinstance(node, dict):
-        return {key: _build_history(child, path + (key,), columns)
+        return {key: _build_history(child, path + (key,), columns, absent)
                 for key, child in sorted(node.items(), key=lambda kv: repr(kv[0]))}
     if isinstance(node, _Seq):
         kind, items = node
-        built = [None if child is None else _build_history(child, path + (i,), columns)
+        built = [None if child is None else _build_history(child, path + (i,), columns, absent)
                  for i, child in enumerate(items)]
         if kind is list:
             return built

@@ -223,6 +223,8 @@ class Writer:
         num_timesteps = int(num_timesteps)
         steps = list(itertools.islice(self._steps, len(self._steps) - num_timesteps, None))
         planned = self._plans.get((table, num_timesteps))
+        if planned is not None and planned[1].generation != planned[0].engine.layout_gen:
+            planned = None  # planned for a layout forgotten since (``Client.reset``)
         if planned is None:
             rows = self._rows(table)
             prio = _writing.check_priority(rows.engine, priority)
@@ -240,7 +242,7 @@ class Writer:
                 try:
                     _writing.insert_uniform_steps(rows, plan, steps, prio, 0.0)
                     return
-                except errors.DeadlineExceededError:
+                except (errors.DeadlineExceededError, errors.LayoutResetError):
                     pass
             columns = self._columns(steps)
         if self._max_in_flight is not None and len(self._pending) >= self._max_in_flight:

@@ -14,3 +14,22 @@ RUN = os.environ.setdefault("SHMREPLAY_TEST_RUN", uuid.uuid4().hex[:6])
 def unique(tag: str = "") -> str:
     """A fresh buffer name ``test-<run>-<tag>-<random>``."""
     return f"test-{RUN}-{tag + '-' if tag else ''}{uuid.uuid4().hex[:8]}"
+
+
+def port_buffers_of(pids, entries):
+    """The /dev/shm ``entries`` of port buffers (``shmreplay.port-P``, ``.tI``) whose
+    owner, as their header says, is one of ``pids``: what ``Server(tables)`` (no
+    name) made in those processes."""
+    from shmreplay import _peek
+    owners = {}
+    found = set()
+    for entry in entries:
+        if not entry.startswith("shmreplay.port-"):
+            continue
+        head, _, table = entry.rpartition(".t")
+        base = (head if head and table.isdigit() else entry)[len("shmreplay."):]
+        if base not in owners:
+            owners[base] = _peek.peek(base, tables=False).pid
+        if owners[base] in pids:
+            found.add(entry)
+    return found

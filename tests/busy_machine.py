@@ -21,7 +21,7 @@ Beside the command, for as long as it runs:
   a live buffer that is not the test run's, and one that appears and disappears.
   Every name starts with ``shmreplay`` (leftovers stay visible to ``shmreplay ls``) and
   none matches a test run's own prefixes (``shmreplay.test-<run>-``,
-  ``shmreplay.srv-<pid>-``, see tests/_names.py and tests/conftest.py).
+  ``shmreplay.port-N`` of a test process, see tests/_names.py and tests/conftest.py).
 
 ``--fresh-numba-cache`` runs the command each time with ``NUMBA_CACHE_DIR`` set to a new,
 empty directory (removed afterwards): with the variable unset numba caches next to the

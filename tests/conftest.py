@@ -7,10 +7,9 @@ import pytest
 import _names
 
 SHM_DIR = "/dev/shm"
-# This run's objects: buffers named by ``_names.unique`` and buffers a Server created
-# in this process without a name. Other runs on the machine are not ours to judge.
-_TEST_PREFIXES = (f"shmreplay.test-{_names.RUN}-", f"sem.shmreplay.test-{_names.RUN}-",
-                  f"shmreplay.srv-{os.getpid()}-", f"sem.shmreplay.srv-{os.getpid()}-")
+# This run's objects: buffers named by ``_names.unique`` and port buffers
+# (``port-P``) whose owner is this process. Other runs on the machine are not ours.
+_TEST_PREFIXES = (f"shmreplay.test-{_names.RUN}-", f"sem.shmreplay.test-{_names.RUN}-")
 
 
 def _shmreplay_objects():
@@ -18,7 +17,8 @@ def _shmreplay_objects():
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return set()
-    return {n for n in names if n.startswith(_TEST_PREFIXES)}
+    return ({n for n in names if n.startswith(_TEST_PREFIXES)}
+            | _names.port_buffers_of({os.getpid()}, names))
 
 
 @pytest.fixture(autouse=True)

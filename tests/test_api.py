@@ -90,9 +90,14 @@ def test_sample_generator_follows_reverb_shapes(buffer_name):
         client = shmreplay.Client(server.name)
         client.insert({"x": np.ones((3, 3), np.float32)}, {"t": 1.0})
         steps = next(client.sample("t", emit_timesteps=True, timeout=5))
-        assert len(steps) == 1 and steps[0].data["x"].shape == (3, 3)
+        # Reverb's data is the flat list of columns unless unpacked.
+        assert len(steps) == 1 and steps[0].data[0].shape == (3, 3)
+        assert isinstance(steps[0].data, list) and len(steps[0].data) == 1
         assert isinstance(steps[0].info.key, int) and isinstance(steps[0].info.probability, float)
         sample = next(client.sample("t", emit_timesteps=False, timeout=5))
+        assert isinstance(sample.data, list) and sample.data[0].shape == (1, 3, 3)
+        sample = next(client.sample("t", emit_timesteps=False, timeout=5,
+                                    unpack_as_table_signature=True))
         assert sample.data["x"].shape == (1, 3, 3)
         assert len(list(client.sample("t", num_samples=4, timeout=5))) == 4
         client.close()

@@ -254,8 +254,8 @@ def test_restore_into_a_table_with_another_signature_fails_and_leaves_nothing(bu
     name = _names.unique("sig")
     with pytest.raises(errors.SchemaError, match=r"Table 't'.*signature"):
         shmreplay.Server([other], name=name, checkpoint=path, override_config=True)
-    with pytest.raises(errors.BufferNotFoundError):
-        shmreplay.Client(name)  # the fixture also checks that no segment was left
+    with pytest.raises(errors.BufferNotFoundError):  # the fixture checks no segment was left
+        shmreplay.Client(name).server_info(timeout=0)
 
 
 def test_tables_not_in_the_checkpoint_start_empty_and_extra_ones_are_ignored(buffer_name, tmp_path):
@@ -357,7 +357,7 @@ def test_a_damaged_checkpoint_is_refused_with_a_typed_error(buffer_name, tmp_pat
     with pytest.raises(errors.CheckpointError, match=str(tmp_path)):
         shmreplay.Server([shmreplay.Table.queue("q", 10)], name=name, checkpoint=path)
     with pytest.raises(errors.BufferNotFoundError):
-        shmreplay.Client(name)
+        shmreplay.Client(name).server_info(timeout=0)
 
 
 def test_a_checkpoint_replaced_on_disk_while_it_is_read_is_read_whole(buffer_name, tmp_path):

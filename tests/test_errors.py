@@ -311,7 +311,8 @@ def test_timeout_and_oversized_batches_leave_the_table_unchanged(populated):
         for bad in (0, -3, 1.5, 0.0):
             with pytest.raises(ValueError, match=all_of("batch_size", str(bad))):
                 client.sample_batch("sig", batch_size=bad, timeout=1)
-    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1)]
+    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1,
+                                                              unpack_as_table_signature=True)]
     assert got == [9, 1, 2]
     assert_sig_contents(client)
 
@@ -358,7 +359,8 @@ def test_timed_out_inserts_leave_no_reservation_behind(populated):
     client.insert(item(4), priorities={"q": 1.0}, timeout=0.5)
     with pytest.raises(errors.DeadlineExceededError):
         client.insert(item(5), priorities={"q": 1.0}, timeout=0.05)
-    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1)]
+    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1,
+                                                              unpack_as_table_signature=True)]
     assert got == [1, 2, 4]
 
 
@@ -383,18 +385,18 @@ def test_invalid_buffer_name(name, text):
     assert isinstance(info.value, ValueError)
 
 
-def test_reverb_positional_server_arguments_are_refused_not_misread(tmp_path):
-    # Reverb's Server(tables, port, checkpointer): here the second argument is the name.
-    with pytest.raises(TypeError, match=all_of("8000", "not a port", "name=")):
-        shmreplay.Server(tables(), 8000)
-    checkpointer = shmreplay.checkpointers.DefaultCheckpointer(str(tmp_path))
-    with pytest.raises(TypeError, match=all_of("port", "DefaultCheckpointer", "checkpointer=")):
-        shmreplay.Server(tables(), None, checkpointer)
+def test_reverb_positional_server_arguments_are_read_as_reverb_reads_them(tmp_path):
+    # Reverb's Server(tables, port, checkpointer); shmreplay's own name is keyword-only.
+    with pytest.raises(TypeError, match=all_of("port must be an int", "name=")):
+        shmreplay.Server(tables(), "my-name")
     with pytest.raises(errors.InvalidNameError, match="12"):
         shmreplay.Client(12)
-    with shmreplay.Server(tables(), new_name(), 8000) as server:  # the port is ignored
-        with pytest.raises(AttributeError, match=all_of("no port", "Client")):
-            server.port
+    checkpointer = shmreplay.checkpointers.DefaultCheckpointer(str(tmp_path))
+    with shmreplay.Server(tables(), None, checkpointer) as server:
+        assert isinstance(server.port, int) and server.name == f"port-{server.port}"
+        with shmreplay.Client(f"localhost:{server.port}") as client:
+            path = client.checkpoint()
+        assert path.startswith(str(tmp_path))
 
 
 def test_longest_valid_buffer_name():
@@ -455,10 +457,13 @@ def _spec_with_none():
 # --------------------------------------------------------------------------------------
 
 def test_attach_to_missing_buffer():
+    # Reverb's lazy connection: the Client is made; its calls wait up to their timeout.
     name = new_name("missing")
+    client = shmreplay.Client(name)
     with pytest.raises(errors.BufferNotFoundError, match=name) as info:
-        shmreplay.Client(name)
+        client.server_info(timeout=0)
     assert isinstance(info.value, FileNotFoundError)
+    assert isinstance(info.value, errors.DeadlineExceededError)
 
 
 @contextlib.contextmanager
@@ -558,7 +563,7 @@ def test_stopped_server_wakes_blocked_callers_and_refuses_new_ones():
         client.insert(item(), priorities={"sig": 1.0}, timeout=1)
     client.close()
     with pytest.raises(errors.BufferNotFoundError, match=server.name):
-        shmreplay.Client(server.name)
+        shmreplay.Client(server.name).server_info(timeout=0)
 
 
 def test_python_scalars_are_inserted_only_when_their_column_stores_them_unchanged():

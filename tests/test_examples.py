@@ -20,6 +20,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
+
 import _names
 import _waiting
 
@@ -43,18 +44,19 @@ def _segments(prefix="shmreplay"):
 
 
 def _objects_of(names=(), pids=()):
-    """The /dev/shm entries of buffers ``names`` and of the unnamed buffers
-    (``srv-<pid>-...``) that processes ``pids`` made: what the program under test may
-    have left. Anything else in /dev/shm is another program's, created or removed at
-    any time (another test run, a user's job), and not ours to judge."""
+    """The /dev/shm entries of buffers ``names`` and of the port buffers (``port-P``)
+    that processes ``pids`` made: what the program under test may have left. Anything
+    else in /dev/shm is another program's, created or removed at any time (another
+    test run, a user's job), and not ours to judge."""
     exact = {f"{sem}shmreplay.{name}" for name in names for sem in ("", "sem.")}
-    unnamed = tuple(f"{sem}shmreplay.srv-{pid}-" for pid in pids for sem in ("", "sem."))
+    entries = _segments("")
+    unnamed = _names.port_buffers_of(set(pids), entries)
+
     def buffer_of(entry):  # "shmreplay.x.t3" (a data segment) -> "shmreplay.x"
         head, _, table = entry.rpartition(".t")
         return head if head and table.isdigit() else entry
 
-    return {entry for entry in _segments("")
-            if buffer_of(entry) in exact or entry.startswith(unnamed)}
+    return {entry for entry in entries if buffer_of(entry) in exact or entry in unnamed}
 
 
 def _rates(output):

@@ -100,10 +100,10 @@ def test_attach_after_stop_raises_buffer_not_found(buffer_name):
     with shmreplay.Server([_table()], name=buffer_name) as server:
         shmreplay.Client(server.name).close()
     with pytest.raises(errors.BufferNotFoundError):
-        shmreplay.Client(buffer_name)
+        shmreplay.Client(buffer_name).server_info(timeout=0)
     # Also from a process that never saw the buffer.
     script = ("import shmreplay, sys\n"
-              "try:\n    shmreplay.Client(sys.argv[1])\n"
+              "try:\n    shmreplay.Client(sys.argv[1]).server_info(timeout=0)\n"
               "except shmreplay.errors.BufferNotFoundError:\n    print('not found')\n")
     result = subprocess.run([sys.executable, "-c", script, buffer_name],
                             capture_output=True, text=True, timeout=30)

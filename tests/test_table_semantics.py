@@ -112,7 +112,7 @@ def test_sample_matches_insert():
     item = {"obs": np.array([1.5, -2.0, 3.25], np.float32), "n": np.int64(42)}
     with serve(table) as (server, client):
         client.insert(item, priorities={"t": 2.5}, timeout=1)
-        [step] = next(client.sample("t", timeout=1))
+        [step] = next(client.sample("t", timeout=1, unpack_as_table_signature=True))
         np.testing.assert_array_equal(step.data["obs"], item["obs"])
         assert step.data["obs"].dtype == np.float32
         assert int(step.data["n"]) == 42
@@ -388,7 +388,7 @@ def test_sample_sets_priority():
         for value, priority in zip(np.asarray(s.data).tolist(), s.info.priority.tolist()):
             assert priority == wanted[value]
         [step] = next(client.sample("dist", timeout=1))
-        assert step.info.priority == wanted[int(step.data)]
+        assert step.info.priority == wanted[int(step.data[0])]
 
 
 def test_insert_raises_if_priorities_empty():
@@ -501,8 +501,11 @@ def test_server_info():
         # read as attributes too, as Reverb's test_server_info reads its protos
         assert dist.sampler_options.prioritized.priority_exponent == 1
         assert dist.remover_options.fifo is True and dist.sampler_options.fifo is False
-        with pytest.raises(AttributeError, match="no field 'heap'"):
-            dist.sampler_options.heap
+        # an unset field of the proto's oneof reads as its default, as in Reverb
+        assert dist.sampler_options.heap.min_heap is False
+        assert not dist.sampler_options.HasField("heap")
+        with pytest.raises(AttributeError, match="no field 'nonsense'"):
+            dist.sampler_options.nonsense
         assert dist.num_inserted == 3
         assert dist.num_sampled == 1
         assert dist.num_deleted == 0
@@ -554,9 +557,9 @@ def test_sample_emit_timesteps_false_adds_time_dim():
         client.insert(np.ones([3, 3], np.float32), priorities={"q": 1.0}, timeout=1)
         sample = next(client.sample("q", emit_timesteps=False, timeout=1))
         assert isinstance(sample, ReplaySample)
-        data = sample.data
-        leaf = data[0] if isinstance(data, (list, tuple)) else data
-        np.testing.assert_array_equal(leaf, np.ones([1, 3, 3], np.float32))
+        # Reverb's data is the flat list of the item's columns.
+        assert isinstance(sample.data, list) and len(sample.data) == 1
+        np.testing.assert_array_equal(sample.data[0], np.ones([1, 3, 3], np.float32))
 
 
 def test_localhost_client_attaches_to_the_same_buffer():

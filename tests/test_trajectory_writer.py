@@ -360,10 +360,12 @@ def test_history_can_be_indexed_by_slices():
         s = client.sample_batch("q", batch_size=1, timeout=1)
         assert np.asarray(s.data["first_two"]).tolist() == [[1, 2]]
         assert np.asarray(s.data["last_two"]).tolist() == [[2, 3]]
-        sample = next(client.sample("q", emit_timesteps=False, timeout=1))
+        sample = next(client.sample("q", emit_timesteps=False, timeout=1,
+                                    unpack_as_table_signature=True))
         assert np.asarray(sample.data["first_two"]).tolist() == [1, 2]
         assert np.asarray(sample.data["last_two"]).tolist() == [2, 3]
-        timesteps = next(client.sample("q", emit_timesteps=True, timeout=1))
+        timesteps = next(client.sample("q", emit_timesteps=True, timeout=1,
+                                    unpack_as_table_signature=True))
         assert len(timesteps) == 2
         assert [(int(t.data["first_two"]), int(t.data["last_two"])) for t in timesteps] == [
             (1, 2), (2, 3)]
@@ -398,13 +400,15 @@ def test_columns_of_different_lengths_in_one_item():
         assert np.asarray(s.data["obs"]).dtype == np.float32
         assert np.asarray(s.data["action"]).tolist() == [[3, 4]]
         assert np.asarray(s.data["action"]).dtype == np.int64
-        sample = next(client.sample("q", emit_timesteps=False, timeout=1))
+        sample = next(client.sample("q", emit_timesteps=False, timeout=1,
+                                    unpack_as_table_signature=True))
         np.testing.assert_array_equal(sample.data["obs"], expected_obs)
         assert np.asarray(sample.data["action"]).tolist() == [3, 4]
         # such an item cannot be split into timesteps
         with pytest.raises(ValueError, match=re.escape(
                 "Can't split non timestep trajectory into timesteps.")):
-            next(client.sample("q", emit_timesteps=True, timeout=1))
+            next(client.sample("q", emit_timesteps=True, timeout=1,
+                                    unpack_as_table_signature=True))
 
 
 def test_equal_length_columns_split_into_timesteps():
@@ -413,7 +417,8 @@ def test_equal_length_columns_split_into_timesteps():
         writer.create_item("q", 1.0, {"obs": writer.history["obs"][-3:],
                                       "action": writer.history["action"][-3:]})
         writer.flush(timeout_ms=1000)
-        timesteps = next(client.sample("q", emit_timesteps=True, timeout=1))
+        timesteps = next(client.sample("q", emit_timesteps=True, timeout=1,
+                                    unpack_as_table_signature=True))
         assert isinstance(timesteps, list) and len(timesteps) == 3
         assert all(isinstance(t, ReplaySample) for t in timesteps)
         assert len({t.info for t in timesteps}) == 1
@@ -1374,3 +1379,42 @@ def test_history_keeps_no_data_of_a_fields_expired_values():
         with pytest.raises(ValueError, match="expired"):
             writer.create_item("q", 1.0, {"obs": writer.history["obs"][-2:]})
         assert writer.history["obs"][-2:].shape == (2, 1000)  # expired refs keep their shape
+
+
+def test_a_field_given_only_as_none_has_a_column_of_none():
+    # Reverb: history mirrors the appended structure; a field never given a value has
+    # a column of None as long as the others.
+    with serve() as (server, client):
+        writer = client.trajectory_writer(3)
+        writer.append({"x": 1, "y": None, "t": (None, 2)})
+        writer.append({"x": 2, "y": None})
+        history = writer.history
+        assert sorted(history) == ["t", "x", "y"]
+        assert len(history["y"]) == len(history["x"]) == 2
+        assert len(history["t"][0]) == 2
+        assert [history["y"].ref_at(i) for i in range(2)] == [None, None]
+        with pytest.raises(ValueError, match="cannot contain any None"):
+            writer.create_item("q", 1.0, history["y"][-1:])
+        writer.append({"x": 3, "y": 5})  # its first value: a real column from now on
+        history = writer.history
+        assert len(history["y"]) == 3 and history["y"].ref_at(0) is None
+        writer.create_item("q", 1.0, {"y": history["y"][-1]})
+        writer.flush(timeout_ms=1000)
+        writer.close()
+        assert int(client.sample_batch("q", 1, timeout=1).data["y"][0]) == 5
+
+
+def test_column_errors_use_reverbs_words_for_dtypes_and_shapes():
+    # Reverb's messages name dtypes and shapes as TensorFlow does.
+    with serve() as (server, client):
+        writer = client.trajectory_writer(2)
+        writer.append({"scalar": np.int64(1), "nest": {"sub": np.zeros(2, np.float32)}})
+        with pytest.raises(ValueError, match=r"column \('scalar',\)\. Got double but "
+                                             r"expected int64\."):
+            writer.append({"scalar": 1.5})
+        with pytest.raises(ValueError, match=r"column \('nest', 'sub'\)\. Got \[1,2\] which "
+                                             r"is incompatible with \[2\]\."):
+            writer.append({"nest": {"sub": np.zeros((1, 2), np.float32)}})
+        with pytest.raises(ValueError, match=r"Got double but expected float\."):
+            writer.append({"nest": {"sub": np.zeros(2, np.float64)}})
+        writer.close()

@@ -158,7 +158,8 @@ def test_fifo_queue_returns_items_in_creation_order():
                 if i >= 1:
                     writer.create_item("q", 2, 1.0)
         got = [xs(sample) for sample in
-               client.sample("q", num_samples=9, emit_timesteps=False, timeout=1)]
+               client.sample("q", num_samples=9, emit_timesteps=False, timeout=1,
+                             unpack_as_table_signature=True)]
         assert got == [[i - 1, i] for i in range(1, 10)]
         assert size(client, "q") == 0
 
@@ -533,7 +534,7 @@ def test_sample_batch_shapes_are_batch_time_step():
 def test_sample_emit_timesteps_gives_one_sample_per_timestep():
     with serve(uniform("t")) as (server, client):
         fill_uniform_with_4_step_items(client)
-        for timesteps in client.sample("t", num_samples=5, emit_timesteps=True, timeout=1):
+        for timesteps in client.sample("t", num_samples=5, emit_timesteps=True, timeout=1, unpack_as_table_signature=True):
             assert isinstance(timesteps, list) and len(timesteps) == 4
             assert all(isinstance(ts, ReplaySample) for ts in timesteps)
             assert len({ts.info for ts in timesteps}) == 1      # all share the info
@@ -552,7 +553,7 @@ def test_sample_emit_timesteps_gives_one_sample_per_timestep():
 def test_sample_without_emit_timesteps_gives_time_major_leaves():
     with serve(uniform("t")) as (server, client):
         fill_uniform_with_4_step_items(client)
-        for sample in client.sample("t", num_samples=5, emit_timesteps=False, timeout=1):
+        for sample in client.sample("t", num_samples=5, emit_timesteps=False, timeout=1, unpack_as_table_signature=True):
             assert isinstance(sample, ReplaySample)
             a = np.asarray(sample.data["a"])
             assert a.shape == (4,)
@@ -571,9 +572,10 @@ def test_one_step_items_keep_a_time_dim_of_one():
                 writer.create_item("q", 1, 1.0)
         s = client.sample_batch("q", batch_size=1, timeout=1)
         assert np.asarray(s.data["x"]).shape == (1, 1)
-        [ts] = next(client.sample("q", emit_timesteps=True, timeout=1))
+        [ts] = next(client.sample("q", emit_timesteps=True, timeout=1, unpack_as_table_signature=True))
         assert int(ts.data["x"]) == 1
-        sample = next(client.sample("q", emit_timesteps=False, timeout=1))
+        sample = next(client.sample("q", emit_timesteps=False, timeout=1,
+                                    unpack_as_table_signature=True))
         assert np.asarray(sample.data["x"]).tolist() == [2]
 
 
@@ -607,14 +609,16 @@ def test_insert_and_writer_items_side_by_side():
         s = client.sample_batch("flat", batch_size=2, timeout=1)
         np.testing.assert_array_equal(s.data, [np.zeros([3, 3]), np.ones([3, 3])])
         assert np.asarray(s.data).shape == (2, 3, 3)
+        # Client.sample's data is Reverb's flat list of columns.
         sample = next(client.sample("flat", emit_timesteps=False, timeout=1))
-        np.testing.assert_array_equal(sample.data, np.full([1, 3, 3], 2, np.float32))
+        np.testing.assert_array_equal(sample.data[0], np.full([1, 3, 3], 2, np.float32))
         [ts] = next(client.sample("flat", emit_timesteps=True, timeout=1))
-        np.testing.assert_array_equal(ts.data, np.full([3, 3], 3, np.float32))
+        np.testing.assert_array_equal(ts.data[0], np.full([3, 3], 3, np.float32))
 
         sample = next(client.sample("seq", emit_timesteps=False, timeout=1))
-        np.testing.assert_array_equal(sample.data, [np.full(3, i, np.float32) for i in range(3)])
-        assert np.asarray(sample.data).shape == (3, 3)
+        assert len(sample.data) == 1
+        np.testing.assert_array_equal(sample.data[0],
+                                      [np.full(3, i, np.float32) for i in range(3)])
 
 
 def test_delta_encoded_and_chunk_length_do_not_change_the_data():

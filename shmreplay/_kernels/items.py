@@ -408,7 +408,7 @@ def rebuild(ctrl, fctrl, meta, prio, trees, refs, rows):
             ctrl[C_HEAP_N0 + role] = 0
             for j in range(size):
                 _role_add(ctrl, fctrl, meta, prio, trees, role, live[j])
-    if step_rows.mapped(ctrl, refs):
+    if step_rows.mapped(ctrl, refs, rows):
         if refs.shape[1] > 0:
             step_rows.rebuild(ctrl, meta, refs, rows)
     else:

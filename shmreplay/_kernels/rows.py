@@ -12,8 +12,21 @@ whole items have width 0 and never reach this module's loops.
 
 from shmreplay._kernels import codes, kernel
 from shmreplay._layout import (
-    C_FRESH, C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH,
-    C_ROWS_DIRTY, C_ROWS_LIVE, M_STATE, R_COUNT, R_GEN)
+    C_FRESH, C_LAYOUT_GEN, C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP,
+    C_ROW_FRESH, C_ROWS_DIRTY, C_ROWS_LIVE, M_STATE, R_COUNT, R_GEN)
+
+
+@kernel
+def forget(ctrl):
+    """Drops the step storage's words (``reset`` forgetting the layout; the table holds
+    no items and no slot is being written)."""
+    ctrl[C_REFS_WIDTH] = 0
+    ctrl[C_ROW_CAPACITY] = 0
+    ctrl[C_ROW_FREE_HEAD] = -1
+    ctrl[C_ROW_FREE_TOP] = 0
+    ctrl[C_ROW_FRESH] = 0
+    ctrl[C_ROWS_LIVE] = 0
+    ctrl[C_ROWS_DIRTY] = 0
 
 
 @kernel
@@ -50,7 +63,8 @@ def push_row(ctrl, rows, row):
 @kernel
 def is_live(rows, row, gen):
     """Whether ``row`` still holds the step a writer stored there at generation ``gen``."""
-    return 0 <= row < rows.shape[0] and rows[row, R_COUNT] > 0 and rows[row, R_GEN] == gen
+    # (the last record is the layout stamp, never a step's row)
+    return 0 <= row < rows.shape[0] - 1 and rows[row, R_COUNT] > 0 and rows[row, R_GEN] == gen
 
 
 @kernel
@@ -85,6 +99,9 @@ def rebuild(ctrl, meta, refs, rows):
 
 
 @kernel
-def mapped(ctrl, refs):
-    """Whether the caller passed this table's real step arrays (or it has none)."""
-    return refs.shape[1] == ctrl[C_REFS_WIDTH]
+def mapped(ctrl, refs, rows):
+    """Whether the caller passed this table's current arrays: its step arrays (or
+    none, for whole items), stamped with the current layout generation (``rows`` ends
+    with the stamp record: see ``shmreplay._layout.stamp_rows``)."""
+    return (refs.shape[1] == ctrl[C_REFS_WIDTH] and rows.shape[0] > 0
+            and rows[rows.shape[0] - 1, R_COUNT] == ctrl[C_LAYOUT_GEN])

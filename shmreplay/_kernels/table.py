@@ -18,7 +18,7 @@ from shmreplay._layout import (
     C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
     C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_REMOVER_KIND, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
     C_RESERVES, C_ROWS_DIRTY, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_DELETED, C_TOTAL_INSERTED,
-    C_TOTAL_SAMPLED, C_TREE_LEAVES,
+    C_TOTAL_SAMPLED, C_TREE_LEAVES, C_LAYOUT_GEN, C_SCHEMA_READY,
     C_COMMIT_MARK, C_FRESH, C_HEAD, C_ORDER_SEQ, C_STOP_PID, C_STOP_POINT, F_EXPONENT0, M_KEY, M_LIVE, M_NEXT, M_ORDER, M_STATE, M_TIMES, M_UPDATE, M_VERSION,
     M_WRITER, R_COUNT, R_GEN)
 
@@ -49,7 +49,7 @@ def _lock(ctrl, fctrl, meta, prio, trees, refs, rows):
         result = 0
     if result != 0:
         return BROKEN
-    if ctrl[C_ROWS_DIRTY] != 0 and refs.shape[1] > 0 and step_rows.mapped(ctrl, refs):
+    if ctrl[C_ROWS_DIRTY] != 0 and refs.shape[1] > 0 and step_rows.mapped(ctrl, refs, rows):
         step_rows.rebuild(ctrl, meta, refs, rows)
     return 0
 
@@ -65,7 +65,7 @@ def _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows):
     status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
-    if not step_rows.mapped(ctrl, refs):
+    if not step_rows.mapped(ctrl, refs, rows):
         _unlock(ctrl)
         return codes.UNMAPPED
     return 0
@@ -525,7 +525,8 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
 
 
 # ``sample_gather``'s ``table``: where a table's arrays are in its header segment.
-TABLE_CTRL, TABLE_FCTRL, TABLE_META, TABLE_TREES, TABLE_CAPACITY, TABLE_TREE_LENGTH = range(6)
+(TABLE_CTRL, TABLE_FCTRL, TABLE_META, TABLE_TREES, TABLE_CAPACITY, TABLE_TREE_LENGTH,
+ TABLE_STAMP) = range(7)
 TABLE_FIELDS = 6
 # Its ``layout``: where each output is in its byte block ``out``, then three entries per
 # column (output start, store start in the data segment, row bytes).
@@ -552,8 +553,10 @@ def _table_arrays(segment, table):
     start = table[TABLE_TREES]
     length = table[TABLE_TREE_LENGTH]
     trees = segment[start:start + 2 * length * 8].view(np.float64).reshape((2, length))
-    no_rows = segment[0:0].view(np.int32)
-    return ctrl, fctrl, meta, prio, trees, no_rows.reshape((0, 0)), no_rows.reshape((0, ROW_FIELDS))
+    no_refs = segment[0:0].view(np.int32).reshape((0, 0))
+    # The stamp record of the layout the caller mapped: the low half of ``TABLE_STAMP``.
+    stamp = table[TABLE_STAMP:TABLE_STAMP + 1].view(np.int32)[:ROW_FIELDS]
+    return ctrl, fctrl, meta, prio, trees, no_refs, stamp.reshape((1, ROW_FIELDS))
 
 
 @kernel
@@ -800,8 +803,14 @@ def _update_by_keys(ctrl, fctrl, meta, prio, trees, keys, priorities, scratch, w
 
 
 @kernel
-def reset(ctrl, fctrl, meta, prio, trees, refs, rows):
-    """Removes every item and zeroes the rate limiter's counters; keys are not reused."""
+def reset(ctrl, fctrl, meta, prio, trees, refs, rows, forget, out):
+    """Removes every item and zeroes the rate limiter's counters; keys are not reused.
+
+    With ``forget``, also forgets the table's layout if no slot is being written (a
+    writer's data would go to the forgotten layout): the stored layout is dropped and
+    the layout generation bumped, so that every process's arrays are stale (``UNMAPPED``)
+    and the next item defines a new layout. ``out[0]`` receives 1 if it was forgotten.
+    """
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
@@ -811,9 +820,26 @@ def reset(ctrl, fctrl, meta, prio, trees, refs, rows):
     ctrl[C_SAMPLES] = 0
     ctrl[C_DELETES] = 0
     ctrl[C_NUM_UNIQUE] = 0
+    out[0] = 0
+    if forget and ctrl[C_SCHEMA_READY] != 0 and not _slots_in_use(ctrl, meta):
+        step_rows.forget(ctrl)
+        ctrl[C_SCHEMA_READY] = 0
+        ctrl[C_LAYOUT_GEN] += 1
+        out[0] = 1
     _bump(ctrl, C_SPACE_SEQ)
     _unlock_and_wake(ctrl, False, True)
     return removed
+
+
+@kernel
+def _slots_in_use(ctrl, meta):
+    """Whether a slot is being written or read outside the lock (WRITING, DRAINING):
+    its process uses the arrays of the layout it mapped until it is done."""
+    for slot in range(ctrl[C_FRESH]):
+        state = meta[slot, M_STATE]
+        if state == codes.WRITING or state == codes.DRAINING:
+            return True
+    return False
 
 
 @kernel

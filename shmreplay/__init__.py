@@ -40,6 +40,7 @@ _LAZY = {
     "Writer": "shmreplay.writer",
     "checkpointers": None,
     "warm_up": "shmreplay._warmup",
+    "TFClient": "shmreplay.tf",
     "TimestepDataset": "shmreplay.tf",
     "TrajectoryDataset": "shmreplay.tf",
 }

@@ -12,6 +12,9 @@ Import it as ``shmreplay.tf`` (it imports TensorFlow; ``import shmreplay`` does 
     # The fast path for training: whole batches straight from ``sample_batch``.
     dataset = shmreplay_tf.make_dataset("my-buffer", "replay", batch_size=256)
 
+Reverb's ``TFClient`` (insert, sample and update priorities as TensorFlow ops) is
+here too: ``shmreplay_tf.TFClient("my-buffer")``.
+
 Elements are ``ReplaySample(info, data)`` with Reverb's info dtypes (key uint64,
 probability float64, table_size int64, priority float64, times_sampled int32).
 
@@ -24,8 +27,9 @@ iterator stops it.
 """
 
 from shmreplay._tf_batches import ReplayBuffer, make_dataset
+from shmreplay._tf_client import TFClient
 from shmreplay._tf_common import table_signature
 from shmreplay._tf_items import ReplayDataset, TimestepDataset, TrajectoryDataset
 
-__all__ = ["ReplayBuffer", "ReplayDataset", "TimestepDataset", "TrajectoryDataset",
+__all__ = ["ReplayBuffer", "ReplayDataset", "TFClient", "TimestepDataset", "TrajectoryDataset",
            "make_dataset", "table_signature"]

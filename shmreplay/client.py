@@ -326,7 +326,7 @@ class Client:
 
         As in Reverb, ``data`` is the **flat list** of the item's columns (in
         ``tree.flatten`` order: dict keys sorted) unless ``unpack_as_table_signature``
-        is True; then it is the item's nest. Columns come as Reverb stores them: an
+        is True and the table has a signature; then it is the item's nest. Columns come as Reverb stores them: an
         item from ``insert``, from the legacy ``Writer`` or from ``[-n:]`` windows has
         a time dimension (``[1, ...]`` for ``insert``); a squeezed ``history[k][-1]``
         column has none.
@@ -351,7 +351,9 @@ class Client:
             batch = _after_layout_reset(engine.sample, 1, timeout)
             info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
             columns = _item_forms.reverb_columns(engine, batch)
-            unflatten = _item_forms.unflattener(engine) if unpack_as_table_signature else list
+            # As in Reverb: unpacked only for a table with a signature, else flat.
+            unpack = unpack_as_table_signature and engine.config.signature is not None
+            unflatten = _item_forms.unflattener(engine) if unpack else list
             if not emit_timesteps:
                 yield ReplaySample(info, unflatten(columns))
                 continue

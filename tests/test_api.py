@@ -96,9 +96,10 @@ def test_sample_generator_follows_reverb_shapes(buffer_name):
         assert isinstance(steps[0].info.key, int) and isinstance(steps[0].info.probability, float)
         sample = next(client.sample("t", emit_timesteps=False, timeout=5))
         assert isinstance(sample.data, list) and sample.data[0].shape == (1, 3, 3)
+        # Without a signature, Reverb's unpack_as_table_signature keeps the flat list.
         sample = next(client.sample("t", emit_timesteps=False, timeout=5,
                                     unpack_as_table_signature=True))
-        assert sample.data["x"].shape == (1, 3, 3)
+        assert isinstance(sample.data, list) and sample.data[0].shape == (1, 3, 3)
         assert len(list(client.sample("t", num_samples=4, timeout=5))) == 4
         client.close()
 

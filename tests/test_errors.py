@@ -15,6 +15,7 @@ import shmreplay
 from shmreplay import _layout as L, errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
 import _names
+from _nests import sample_nests
 
 SIGNATURE = {"obs": TensorSpec((3,), np.float32), "act": TensorSpec((), np.int64)}
 
@@ -311,8 +312,7 @@ def test_timeout_and_oversized_batches_leave_the_table_unchanged(populated):
         for bad in (0, -3, 1.5, 0.0):
             with pytest.raises(ValueError, match=all_of("batch_size", str(bad))):
                 client.sample_batch("sig", batch_size=bad, timeout=1)
-    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1,
-                                                              unpack_as_table_signature=True)]
+    got = [int(step.data["act"]) for [step] in sample_nests(client, "q", num_samples=3, timeout=1)]
     assert got == [9, 1, 2]
     assert_sig_contents(client)
 
@@ -359,8 +359,7 @@ def test_timed_out_inserts_leave_no_reservation_behind(populated):
     client.insert(item(4), priorities={"q": 1.0}, timeout=0.5)
     with pytest.raises(errors.DeadlineExceededError):
         client.insert(item(5), priorities={"q": 1.0}, timeout=0.05)
-    got = [int(step.data["act"]) for [step] in client.sample("q", num_samples=3, timeout=1,
-                                                              unpack_as_table_signature=True)]
+    got = [int(step.data["act"]) for [step] in sample_nests(client, "q", num_samples=3, timeout=1)]
     assert got == [1, 2, 4]
 
 

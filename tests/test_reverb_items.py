@@ -54,6 +54,14 @@ def test_sample_flattens_in_tree_order_and_unpacks_on_request():
         # dm-tree order: dict keys sorted, depth first: a.x, a.y, b.
         assert [column.shape for column in flat] == [(1, 2), (1,), (1,)]
         assert [column.dtype for column in flat] == [np.int32, np.int64, np.float32]
+        # Reverb unpacks only a table with a signature; without one the data stays flat.
+        flat = next(client.sample("q", emit_timesteps=False, timeout=1,
+                                  unpack_as_table_signature=True)).data
+        assert isinstance(flat, list) and [c.shape for c in flat] == [(1, 2), (1,), (1,)]
+    signature = {"b": TensorSpec((), np.float32),
+                 "a": {"y": TensorSpec((), np.int64), "x": TensorSpec((2,), np.int32)}}
+    with serve(queue(signature=signature)) as client:
+        client.insert(item, {"q": 1.0}, timeout=1)
         nest = next(client.sample("q", emit_timesteps=False, timeout=1,
                                   unpack_as_table_signature=True)).data
         assert nest["a"]["x"].shape == (1, 2) and float(nest["b"][0]) == 2.0

@@ -26,6 +26,7 @@ from shmreplay.replay_sample import ReplaySample
 
 from _background import Background
 import _names
+from _nests import sample_nests
 
 
 # --------------------------------------------------------------------------------------
@@ -360,12 +361,10 @@ def test_history_can_be_indexed_by_slices():
         s = client.sample_batch("q", batch_size=1, timeout=1)
         assert np.asarray(s.data["first_two"]).tolist() == [[1, 2]]
         assert np.asarray(s.data["last_two"]).tolist() == [[2, 3]]
-        sample = next(client.sample("q", emit_timesteps=False, timeout=1,
-                                    unpack_as_table_signature=True))
+        sample = next(sample_nests(client, "q", emit_timesteps=False, timeout=1))
         assert np.asarray(sample.data["first_two"]).tolist() == [1, 2]
         assert np.asarray(sample.data["last_two"]).tolist() == [2, 3]
-        timesteps = next(client.sample("q", emit_timesteps=True, timeout=1,
-                                    unpack_as_table_signature=True))
+        timesteps = next(sample_nests(client, "q", emit_timesteps=True, timeout=1))
         assert len(timesteps) == 2
         assert [(int(t.data["first_two"]), int(t.data["last_two"])) for t in timesteps] == [
             (1, 2), (2, 3)]
@@ -400,15 +399,13 @@ def test_columns_of_different_lengths_in_one_item():
         assert np.asarray(s.data["obs"]).dtype == np.float32
         assert np.asarray(s.data["action"]).tolist() == [[3, 4]]
         assert np.asarray(s.data["action"]).dtype == np.int64
-        sample = next(client.sample("q", emit_timesteps=False, timeout=1,
-                                    unpack_as_table_signature=True))
+        sample = next(sample_nests(client, "q", emit_timesteps=False, timeout=1))
         np.testing.assert_array_equal(sample.data["obs"], expected_obs)
         assert np.asarray(sample.data["action"]).tolist() == [3, 4]
         # such an item cannot be split into timesteps
         with pytest.raises(ValueError, match=re.escape(
                 "Can't split non timestep trajectory into timesteps.")):
-            next(client.sample("q", emit_timesteps=True, timeout=1,
-                                    unpack_as_table_signature=True))
+            next(sample_nests(client, "q", emit_timesteps=True, timeout=1))
 
 
 def test_equal_length_columns_split_into_timesteps():
@@ -417,8 +414,7 @@ def test_equal_length_columns_split_into_timesteps():
         writer.create_item("q", 1.0, {"obs": writer.history["obs"][-3:],
                                       "action": writer.history["action"][-3:]})
         writer.flush(timeout_ms=1000)
-        timesteps = next(client.sample("q", emit_timesteps=True, timeout=1,
-                                    unpack_as_table_signature=True))
+        timesteps = next(sample_nests(client, "q", emit_timesteps=True, timeout=1))
         assert isinstance(timesteps, list) and len(timesteps) == 3
         assert all(isinstance(t, ReplaySample) for t in timesteps)
         assert len({t.info for t in timesteps}) == 1

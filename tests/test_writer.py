@@ -23,6 +23,7 @@ from shmreplay.replay_sample import ReplaySample
 
 from _background import Background
 import _names
+from _nests import sample_nests
 
 
 # --------------------------------------------------------------------------------------
@@ -158,8 +159,7 @@ def test_fifo_queue_returns_items_in_creation_order():
                 if i >= 1:
                     writer.create_item("q", 2, 1.0)
         got = [xs(sample) for sample in
-               client.sample("q", num_samples=9, emit_timesteps=False, timeout=1,
-                             unpack_as_table_signature=True)]
+               sample_nests(client, "q", num_samples=9, emit_timesteps=False, timeout=1)]
         assert got == [[i - 1, i] for i in range(1, 10)]
         assert size(client, "q") == 0
 
@@ -534,7 +534,7 @@ def test_sample_batch_shapes_are_batch_time_step():
 def test_sample_emit_timesteps_gives_one_sample_per_timestep():
     with serve(uniform("t")) as (server, client):
         fill_uniform_with_4_step_items(client)
-        for timesteps in client.sample("t", num_samples=5, emit_timesteps=True, timeout=1, unpack_as_table_signature=True):
+        for timesteps in sample_nests(client, "t", num_samples=5, emit_timesteps=True, timeout=1):
             assert isinstance(timesteps, list) and len(timesteps) == 4
             assert all(isinstance(ts, ReplaySample) for ts in timesteps)
             assert len({ts.info for ts in timesteps}) == 1      # all share the info
@@ -553,7 +553,7 @@ def test_sample_emit_timesteps_gives_one_sample_per_timestep():
 def test_sample_without_emit_timesteps_gives_time_major_leaves():
     with serve(uniform("t")) as (server, client):
         fill_uniform_with_4_step_items(client)
-        for sample in client.sample("t", num_samples=5, emit_timesteps=False, timeout=1, unpack_as_table_signature=True):
+        for sample in sample_nests(client, "t", num_samples=5, emit_timesteps=False, timeout=1):
             assert isinstance(sample, ReplaySample)
             a = np.asarray(sample.data["a"])
             assert a.shape == (4,)
@@ -572,10 +572,9 @@ def test_one_step_items_keep_a_time_dim_of_one():
                 writer.create_item("q", 1, 1.0)
         s = client.sample_batch("q", batch_size=1, timeout=1)
         assert np.asarray(s.data["x"]).shape == (1, 1)
-        [ts] = next(client.sample("q", emit_timesteps=True, timeout=1, unpack_as_table_signature=True))
+        [ts] = next(sample_nests(client, "q", emit_timesteps=True, timeout=1))
         assert int(ts.data["x"]) == 1
-        sample = next(client.sample("q", emit_timesteps=False, timeout=1,
-                                    unpack_as_table_signature=True))
+        sample = next(sample_nests(client, "q", emit_timesteps=False, timeout=1))
         assert np.asarray(sample.data["x"]).tolist() == [2]
 
 

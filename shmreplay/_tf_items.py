@@ -44,35 +44,48 @@ class _Worker:
 
     def chunks(self, stop: Optional[threading.Event] = None):
         """Yields ``ReplaySample`` s of up to ``chunk`` items until the end (the timeout,
-        ``max_samples`` taken, or ``stop`` set)."""
+        ``max_samples`` taken, or ``stop`` set), and None after each slice of waiting
+        in which no item came (see ``_chunk_dataset``: the generator must return to
+        tf.data while it waits)."""
         client = common.connect(self.server_address)
         left = self.max_samples
         try:
+            waiting_since = time.monotonic()
             while left != 0:
-                wanted = self.chunk if left < 0 else min(self.chunk, left)
-                sample = self._take(client, wanted, stop)
-                if sample is None:
+                if stop is not None and stop.is_set():
                     return
+                wanted = self.chunk if left < 0 else min(self.chunk, left)
+                sample = self._take(client, wanted, waiting_since)
+                if sample is _ENDED:
+                    return
+                if sample is None:
+                    yield None
+                    continue
+                waiting_since = time.monotonic()
                 if left > 0:
                     left -= len(sample.info.key)
                 yield sample
         finally:
             client.close()
 
-    def _take(self, client, wanted, stop=None):
-        """Up to ``wanted`` items (at least one), or None when the timeout (or ``stop``)
-        ended it."""
-        started = time.monotonic()
-        while stop is None or not stop.is_set():
-            wait = _batches.SLICE
-            if self.timeout is not None:
-                wait = min(wait, max(0.0, self.timeout - (time.monotonic() - started)))
-            try:
-                return client.sample_batch(self.table, wanted, timeout=wait)
-            except errors.DeadlineExceededError:
-                if self.timeout is not None and time.monotonic() - started >= self.timeout:
-                    return None
-        return None
+    def _take(self, client, wanted, waiting_since):
+        """Up to ``wanted`` items (at least one); None if none came within a slice;
+        ``_ENDED`` when the timeout (counted from ``waiting_since``) ran out."""
+        wait = _batches.SLICE
+        if self.timeout is not None:
+            left = self.timeout - (time.monotonic() - waiting_since)
+            if left <= 0:
+                return _ENDED
+            wait = min(wait, left)
+        try:
+            return client.sample_batch(self.table, wanted, timeout=wait)
+        except errors.DeadlineExceededError:
+            if self.timeout is not None and time.monotonic() - waiting_since >= self.timeout:
+                return _ENDED
+            return None
+
+
+_ENDED = object()  # a worker's timeout ran out
 
 
 def _parallel_chunks(workers):
@@ -91,6 +104,8 @@ def _parallel_chunks(workers):
     def run(index, worker):
         try:
             for chunk in worker.chunks(stop):
+                if chunk is None:
+                    continue
                 results.put((index, chunk, None))
                 while not turns[index].acquire(timeout=_batches.SLICE):
                     if stop.is_set():
@@ -110,7 +125,11 @@ def _parallel_chunks(workers):
     running = len(workers)
     try:
         while running:
-            index, chunk, exc = results.get()
+            try:
+                index, chunk, exc = results.get(timeout=_batches.SLICE)
+            except queue.Empty:
+                yield None  # nothing yet: return to tf.data (see _chunk_dataset)
+                continue
             if exc is not None:
                 raise exc
             if chunk is None:
@@ -127,13 +146,24 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
                    timesteps=False):
     """A dataset of chunks: ``ReplaySample`` s with a leading dimension (<= the chunk size)
     and ``data_spec`` after it; with ``timesteps``, sequence items are cut into their
-    timesteps (the info repeated on each)."""
+    timesteps (the info repeated on each).
+
+    While no item comes, the generator yields an empty chunk every ``SLICE`` (unbatch
+    turns it into nothing) instead of waiting inside it: a generator call that waits
+    holds a tf.data thread that nothing can interrupt. Three interleaved datasets
+    draining a table whose items expire (TF-Agents' ``test_prioritized_table_max_sample``)
+    hung that way: the drained datasets waited forever inside their calls, and the
+    iterator's destructor (or the interleave) waited for them. Returning lets tf.data
+    cancel the next call instead.
+    """
     workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
     chunk_spec = ReplaySample(common.info_spec((None,)), tf.nest.map_structure(
         lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
-    ndim = len(tf.nest.flatten(data_spec)[0].shape)
-
     flat_spec = tf.nest.flatten(data_spec)
+    ndim = len(flat_spec[0].shape) if flat_spec else 0
+    empty = tf.nest.map_structure(
+        lambda s: np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]],
+                           s.dtype.as_numpy_dtype), chunk_spec)
 
     def worker(index):
         # Each worker has its own share of max_samples, so together they take exactly
@@ -150,6 +180,9 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
         chunks = chosen[0].chunks() if len(chosen) == 1 else _parallel_chunks(chosen)
         checked = add_time = lists = False
         for sample in chunks:
+            if sample is None:
+                yield empty
+                continue
             sample = _as_timesteps(sample, ndim) if timesteps else common.zero_copy(sample)
             if not checked:
                 add_time = not timesteps and _wants_time_dim(sample, flat_spec)
@@ -325,8 +358,9 @@ def ReplayDataset(server_address: str, table: str, dtypes, shapes,
     if sequence_length is None:
         raise ValueError("ReplayDataset: sequence_length is required when emit_timesteps "
                          "is False.")
-    shapes = specs.optree.tree_map(lambda shape: (sequence_length,) + tuple(shape),
-                                   common.as_tuples(shapes), is_leaf=common.is_shape)
+    treedef, _, shape_leaves = common.flatten_specs(dtypes, shapes)
+    shapes = specs.optree.tree_unflatten(
+        treedef, [(sequence_length,) + tuple(shape) for shape in shape_leaves])
     return TrajectoryDataset(server_address, table, dtypes, shapes,
                              max_in_flight_samples_per_worker, num_workers_per_iterator,
                              max_samples_per_stream, rate_limiter_timeout_ms)

@@ -1,0 +1,3 @@
+"""Reverb's ``reverb.errors``."""
+
+from shmreplay.errors import DeadlineExceededError, ShmReplayError as ReverbError  # noqa: F401

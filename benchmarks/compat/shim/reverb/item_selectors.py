@@ -1,0 +1,3 @@
+"""Reverb's ``reverb.item_selectors``."""
+
+from shmreplay.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Uniform  # noqa: F401

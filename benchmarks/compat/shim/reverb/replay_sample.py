@@ -1,0 +1,3 @@
+"""Reverb's ``reverb.replay_sample``."""
+
+from shmreplay.replay_sample import ReplaySample, SampleInfo  # noqa: F401

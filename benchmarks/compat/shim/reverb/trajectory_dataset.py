@@ -1,0 +1,5 @@
+"""Reverb's ``reverb.trajectory_dataset``."""
+
+from shmreplay.tf import TrajectoryDataset  # noqa: F401
+
+from reverb import _ports  # noqa: F401

@@ -72,11 +72,8 @@ class _Worker:
         """Up to ``wanted`` items (at least one); None if none came within a slice;
         ``_ENDED`` when the timeout (counted from ``waiting_since``) ran out."""
         wait = _batches.SLICE
-        if self.timeout is not None:
-            left = self.timeout - (time.monotonic() - waiting_since)
-            if left <= 0:
-                return _ENDED
-            wait = min(wait, left)
+        if self.timeout is not None:  # (a call is made even at 0: what is there comes)
+            wait = min(wait, max(0.0, self.timeout - (time.monotonic() - waiting_since)))
         try:
             return client.sample_batch(self.table, wanted, timeout=wait)
         except errors.DeadlineExceededError:

@@ -238,8 +238,12 @@ def _as_timesteps(sample, ndim):
     return ReplaySample(info, data)
 
 
-class TrajectoryDataset(tf.data.Dataset):
+class TrajectoryDataset(tf.compat.v1.data.Dataset):
     """One element per sampled item, the whole trajectory (Reverb's ``TrajectoryDataset``).
+
+    A ``tf.compat.v1.data.Dataset``, as Reverb's is: a ``tf.data.Dataset`` in every
+    way, that also has the graph-mode ``make_initializable_iterator()`` and
+    ``make_one_shot_iterator()`` methods Reverb's users (and its tests) call.
 
     Args:
       server_address: The buffer's name, or a ``Client`` (its name and ``trust_group``
@@ -282,7 +286,7 @@ class TrajectoryDataset(tf.data.Dataset):
         self._dataset = self._build(server_address, table, data_spec,
                                     max_in_flight_samples_per_worker, num_workers_per_iterator,
                                     rate_limiter_timeout_ms, max_samples)
-        super().__init__(self._dataset._variant_tensor)
+        super().__init__()  # DatasetV1 asks _as_variant_tensor
 
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
@@ -292,6 +296,9 @@ class TrajectoryDataset(tf.data.Dataset):
     @property
     def element_spec(self):
         return self._dataset.element_spec
+
+    def _as_variant_tensor(self):
+        return self._dataset._variant_tensor
 
     def _inputs(self):
         return []

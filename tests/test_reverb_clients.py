@@ -168,11 +168,12 @@ def test_datasets_work_in_graph_mode(served, iterator):
         ]
         with tf.compat.v1.Session() as session:
             for dataset in datasets:
+                # As Reverb's tests call them: methods of the dataset (a DatasetV1).
                 if iterator == "initializable":
-                    it = tf.compat.v1.data.make_initializable_iterator(dataset)
+                    it = dataset.make_initializable_iterator()
                     session.run(it.initializer)
                 else:
-                    it = tf.compat.v1.data.make_one_shot_iterator(dataset)
+                    it = dataset.make_one_shot_iterator()
                 sample = session.run(it.get_next())
                 assert float(np.ravel(sample.data)[0]) == 7.0
                 assert sample.info.key.dtype == np.uint64

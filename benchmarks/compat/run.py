@@ -184,28 +184,38 @@ def run_file(venv, path, work, case_timeout, file_timeout):
                "disable_eager_execution" in main_block else "0")
     deselect = []
     outcomes = {}
+    log_path = results_path + ".log"
     for _attempt in range(20):
         command = [venv_python(venv), "-m", "pytest", path, "-p", "compat_plugin",
                    "-p", "no:cacheprovider", "-q", "--rootdir", work, "-o", "addopts=",
-                   f"--timeout={case_timeout}", "--timeout-method=thread"]
+                   # native tracebacks: pytest's own re-parses source, which CPython 3.11
+                   # breaks on when a finalizer runs meanwhile (INTERNALERROR)
+                   "--tb=native", f"--timeout={case_timeout}", "--timeout-method=thread"]
         for case in deselect:
             command += ["--deselect", case]
-        try:
-            subprocess.run(command, cwd=work, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=file_timeout)
-            finished = True
-        except subprocess.TimeoutExpired:
-            finished = False
+        with open(log_path, "w") as log:
+            try:
+                done = subprocess.run(command, cwd=work, env=env, stdout=log, stderr=log,
+                                      timeout=file_timeout)
+                status = done.returncode
+            except subprocess.TimeoutExpired:
+                status = None
         outcomes.update(_read(results_path))
         running = _running(results_path)
-        if finished and not (running and running not in outcomes):
+        if not (running and running not in outcomes):
             break
-        # Killed (or pytest-timeout ended the process): the running case hung.
-        if running and running not in outcomes:
+        # The process ended in the middle of a case: a hang that pytest-timeout or the
+        # file timeout ended, or a crash. The file runs again without the cases done.
+        with open(log_path) as log:
+            output = log.read()
+        if status is None or "Timeout +++" in output:
             outcomes[running] = ("error", "timeout: the case did not end (hang)")
+        else:
+            last = [line for line in output.splitlines() if line.strip()][-1:] or [""]
+            outcomes[running] = ("error", f"crash: the test process ended (status {status}) "
+                                          f"in this case: {last[0][:300]}")
         deselect = sorted(outcomes)
-        if os.path.exists(results_path):
-            os.remove(results_path)
+        os.remove(results_path)
     return {_case_id(path, nodeid): value for nodeid, value in outcomes.items()}
 
 

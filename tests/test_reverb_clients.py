@@ -73,6 +73,17 @@ def test_datasets_take_max_samples_per_stream(served):
         shmreplay_tf.TrajectoryDataset(name, "u", tf.float32, (), 1, max_samples_per_stream=0)
 
 
+def test_client_has_reverbs_server_address_attribute(served):
+    # Reverb's test_pickle compares ``_server_address`` of a Client and its pickled copy.
+    import pickle
+    name, client = served(uniform())
+    copy = pickle.loads(pickle.dumps(client))
+    try:
+        assert copy._server_address == client._server_address == name
+    finally:
+        copy.close()
+
+
 # --- empty sub-nests ----------------------------------------------------------------------
 
 STEP_DTYPES = {"obs": tf.float32, "extras": (), "info": {}}

@@ -70,6 +70,9 @@ TF_AGENTS_FILES = ["tf_agents/replay_buffers/reverb_replay_buffer_test.py",
 # What the venv gets besides shmreplay. TensorFlow as shmreplay's own tests use it.
 BASE_PACKAGES = [
     "jax",  # Acme's test utilities import it (acme.utils.tree_utils)
+    # TF-Agents' tests turn 1-element arrays into ints with int(), which NumPy 2.4 refuses
+    # ("only 0-dimensional arrays can be converted"); 2.3 still allows it.
+    "numpy<2.4",
     "tensorflow==2.21.0", "tf-keras==2.21.0", "tensorflow-probability==0.25.0",
     "dm-tree", "dm-env", "absl-py", "gin-config", "cloudpickle", "gym<=0.23.0", "mock",
     "pillow", "wrapt", "six", "protobuf", "typing-extensions", "portpicker", "pytest",

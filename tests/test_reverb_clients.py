@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -57,6 +58,19 @@ def test_trajectory_writer_takes_acmes_get_signature_timeout_ms(served):
     assert client.server_info()["u"].current_size == 2
     with pytest.raises(TypeError, match="get_signature_timeout_ms"):
         client.trajectory_writer(2, get_signature_timeout_ms="soon")
+
+
+def test_get_signature_timeout_ms_bounds_a_lazy_clients_wait_for_its_buffer():
+    # Reverb's writer fetched the signatures within get_signature_timeout_ms; a lazy
+    # Client's writer waits that long for the buffer, then says so.
+    client = shmreplay.Client(_names.unique("rvmissing"))
+    try:
+        started = time.monotonic()
+        with pytest.raises(shmreplay.DeadlineExceededError):
+            client.trajectory_writer(1, get_signature_timeout_ms=200)
+        assert 0.15 <= time.monotonic() - started < 5
+    finally:
+        client.close()
 
 
 def test_datasets_take_max_samples_per_stream(served):

@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from shmreplay import _batches, _tf_common as common, specs
+from shmreplay import _batches, _tf_common as common
 from shmreplay._tf_items import TrajectoryDataset
 from shmreplay.replay_sample import ReplaySample
 

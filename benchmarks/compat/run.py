@@ -274,7 +274,7 @@ def summarize(per_file):
 def write_report(summary, meta, json_path, md_path):
     with open(json_path, "w") as f:
         json.dump(dict(meta, **summary), f, indent=1)
-    lines = [f"# Reverb, Acme and TF-Agents tests on shmreplay", "",
+    lines = ["# Reverb, Acme and TF-Agents tests on shmreplay", "",
              f"Run {meta['date']} on commit {meta['commit']} ({meta['machine']}); Reverb's "
              f"tests from {meta['reverb_tests']}. Repeat with `python benchmarks/compat/run.py`.",
              "", "| file | passed | failed | error | skipped |", "| --- | --- | --- | --- | --- |"]

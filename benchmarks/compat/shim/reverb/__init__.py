@@ -36,3 +36,10 @@ def __getattr__(name):
 
 
 del sys
+
+__all__ = [
+    "Client", "DeadlineExceededError", "ReplaySample", "ReverbError", "SampleInfo", "Server",
+    "Table", "TrajectoryColumn", "TrajectoryWriter", "Writer", "checkpointers", "client",
+    "errors", "item_selectors", "rate_limiters", "replay_sample", "selectors", "server",
+    "shmreplay", "trajectory_writer", "_ports",
+]

@@ -2,3 +2,5 @@
 
 from shmreplay.rate_limiters import (MinSize, Queue, RateLimiter,  # noqa: F401
                                      SampleToInsertRatio, Stack)
+
+__all__ = ["MinSize", "Queue", "RateLimiter", "SampleToInsertRatio", "Stack"]

@@ -4,3 +4,5 @@ ImportError otherwise, which fails tf_client_test.py at import)."""
 from shmreplay.tf import TFClient  # noqa: F401
 
 from reverb import _ports  # noqa: F401
+
+__all__ = ["TFClient", "_ports"]

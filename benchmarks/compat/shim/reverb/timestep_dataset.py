@@ -3,3 +3,5 @@
 from shmreplay.tf import TimestepDataset  # noqa: F401
 
 from reverb import _ports  # noqa: F401
+
+__all__ = ["TimestepDataset", "_ports"]

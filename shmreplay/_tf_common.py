@@ -81,16 +81,6 @@ def as_tuples(nest):
     return nest
 
 
-def has_lists(nest) -> bool:
-    if isinstance(nest, list):
-        return True
-    if isinstance(nest, tuple):
-        return any(has_lists(x) for x in nest)
-    if isinstance(nest, dict):
-        return any(has_lists(x) for x in nest.values())
-    return False
-
-
 def no_lookahead(dataset):
     """``dataset`` without the prefetch tf.data would add at the end of the pipeline:
     it takes items from the table before the consumer asks (2 chunks ahead here), so a

@@ -157,6 +157,7 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
     chunk_spec = ReplaySample(common.info_spec((None,)), tf.nest.map_structure(
         lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
     flat_spec = tf.nest.flatten(data_spec)
+    spec_structure = specs.optree.tree_structure(data_spec)
     ndim = len(flat_spec[0].shape) if flat_spec else 0
     empty = tf.nest.map_structure(
         lambda s: np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]],
@@ -175,7 +176,7 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
         chosen = [worker(i) for i in range(workers)]
         chosen = [w for w in chosen if w.max_samples != 0]
         chunks = chosen[0].chunks() if len(chosen) == 1 else _parallel_chunks(chosen)
-        checked = add_time = lists = False
+        checked = add_time = False
         for sample in chunks:
             if sample is None:
                 yield empty
@@ -183,16 +184,17 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
             sample = _as_timesteps(sample, ndim) if timesteps else common.zero_copy(sample)
             if not checked:
                 add_time = not timesteps and _wants_time_dim(sample, flat_spec)
-                lists = common.has_lists(sample.data)  # tuples, as the spec has them
-            if lists:
-                sample = ReplaySample(sample.info, common.as_tuples(sample.data))
             if add_time:
                 sample = ReplaySample(sample.info, specs.optree.tree_map(
                     lambda leaf: leaf[:, None], sample.data))
             if not checked:  # tf.data would cast a wrong dtype silently
                 _check_chunk(sample, flat_spec, table)
                 checked = True
-            yield sample
+            # As in Reverb, an item meets the dataset leaf by leaf: the elements take the
+            # structure of ``dtypes`` (a bare dtype for a table of ``[x]`` items, tuples
+            # where the items hold lists).
+            yield ReplaySample(sample.info, specs.optree.tree_unflatten(
+                spec_structure, specs.optree.tree_leaves(sample.data)))
 
     return tf.data.Dataset.from_generator(generate, output_signature=chunk_spec)
 

@@ -166,6 +166,20 @@ def test_a_sub_nest_that_dtypes_does_not_have_is_refused(served):
                                        {"obs": (2,), "extras": ((1,),)}, 1)
 
 
+def test_datasets_match_items_to_dtypes_leaf_by_leaf(served):
+    # Reverb's dataset tests read a table of ``[x]`` items (legacy Writer, insert of a
+    # list) with a bare dtype, and dict items with a tuple: only the leaves must match.
+    name, client = served(uniform("one"), uniform("pair"))
+    for i in range(3):
+        client.insert([np.full(2, i, np.float32)], {"one": 1.0})
+        client.insert({"a": np.float32(i), "b": np.int64(i)}, {"pair": 1.0})
+    bare = shmreplay_tf.TimestepDataset(name, "one", tf.float32, (2,), 1)
+    assert next(iter(bare)).data.shape == (2,)
+    as_tuple = shmreplay_tf.TrajectoryDataset(name, "pair", (tf.float32, tf.int64), ((), ()), 1)
+    a, b = next(iter(as_tuple)).data
+    assert a.dtype == tf.float32 and b.dtype == tf.int64 and int(a) == int(b)
+
+
 # --- tf.constant addresses and graph mode ---------------------------------------------------
 
 def test_datasets_take_address_and_table_as_eager_constants(served):

@@ -220,11 +220,17 @@ def _check_chunk(sample, flat_spec, table):
         dtype = np.dtype(spec.dtype.as_numpy_dtype)
         shape = tuple(leaf.shape[1:])
         if leaf.dtype != dtype or not tf.TensorShape(spec.shape).is_compatible_with(shape):
+            # Worded as Reverb's error (TensorFlow's dtype names, [3,3]): code and tests
+            # match on it.
             raise ValueError(
                 f"Table '{table}': requested incompatible tensor at flattened index "
-                f"{index}. Specification has (dtype, shape): ({dtype.name}, "
-                f"{list(spec.shape)}). Tensor has (dtype, shape): ({leaf.dtype.name}, "
-                f"{list(shape)}).")
+                f"{index}. Specification has (dtype, shape): ({specs.tf_dtype_name(dtype)}, "
+                f"{_shape_str(spec.shape)}).  Tensor has (dtype, shape): "
+                f"({specs.tf_dtype_name(leaf.dtype)}, {_shape_str(shape)}).")
+
+
+def _shape_str(shape) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in tf.TensorShape(shape)) + "]"
 
 
 def _as_timesteps(sample, ndim):

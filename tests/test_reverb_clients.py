@@ -180,6 +180,21 @@ def test_datasets_match_items_to_dtypes_leaf_by_leaf(served):
     assert a.dtype == tf.float32 and b.dtype == tf.int64 and int(a) == int(b)
 
 
+def test_a_mismatched_dataset_says_so_in_reverbs_words(served):
+    # Reverb's test_incompatible_dataset_shapes_and_types_without_signature matches on
+    # TensorFlow's dtype names and shapes written [3,3].
+    name, client = served(uniform())
+    with client.writer(2) as writer:  # as Reverb's test fills its table
+        for _ in range(2):
+            writer.append([np.zeros((3, 3), np.float32)])
+        writer.create_item("u", 2, 1.0)
+    dataset = shmreplay_tf.TimestepDataset(name, "u", (tf.float32,), (tf.TensorShape([]),), 1)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"Specification has \(dtype, shape\): \(float, \[\]\)\.  "
+                             r"Tensor has \(dtype, shape\): \(float, \[3,3\]\)\."):
+        next(iter(dataset))
+
+
 # --- tf.constant addresses and graph mode ---------------------------------------------------
 
 def test_datasets_take_address_and_table_as_eager_constants(served):

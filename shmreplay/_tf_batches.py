@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from shmreplay import _batches, _tf_common as common, specs
+from shmreplay import _batches, _tf_common as common
 from shmreplay._tf_items import TrajectoryDataset
 from shmreplay.replay_sample import ReplaySample
 
@@ -57,8 +57,7 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
         raise ValueError(f"num_parallel_calls must be None or >= 1, got {num_parallel_calls}.")
     dtypes, shapes = common.table_signature(server_address, table)
     if sequence_length is not None:
-        lengths = {shape[0] for shape in specs.optree.tree_leaves(shapes, is_leaf=common.is_shape)
-                   if shape}
+        lengths = {shape[0] for shape in common.flatten_specs(dtypes, shapes)[2] if shape}
         if lengths != {sequence_length}:
             raise ValueError(
                 f"make_dataset: sequence_length={sequence_length}, but table '{table}' holds "
@@ -210,7 +209,7 @@ class ReplayBuffer:
         dtypes, shapes = common.table_signature(self._address, self._table)
         if num_steps is not None:
             lengths = {shape[0] if shape else None
-                       for shape in specs.optree.tree_leaves(shapes, is_leaf=common.is_shape)}
+                       for shape in common.flatten_specs(dtypes, shapes)[2]}
             if lengths != {num_steps}:
                 raise ValueError(f"ReplayBuffer.as_dataset: num_steps={num_steps}, but the "
                                  f"table's items have time dimensions {sorted(map(str, lengths))}.")

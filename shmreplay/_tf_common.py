@@ -5,6 +5,7 @@
 on these.
 """
 
+import numbers
 import time
 from typing import Optional
 
@@ -22,24 +23,49 @@ def info_spec(batch_shape=()):
 
 
 def data_spec(dtypes, shapes, batch_shape=()):
+    """The ``tf.TensorSpec`` nest of ``dtypes`` and ``shapes``, with ``batch_shape`` first.
+
+    The structure comes from ``dtypes``, as in Reverb: a leaf there is one tensor, and
+    ``shapes`` gives a shape at each (a tuple, list or ``TensorShape``, read whole). So an
+    empty sub-nest in ``dtypes`` (Acme's ``extras=()``, TF-Agents' ``policy_info=()``)
+    stays an empty sub-nest with no tensor, where ``shapes`` has ``()`` or ``[]`` too.
+    """
+    treedef, dtype_leaves, shape_leaves = flatten_specs(dtypes, shapes)
+    return specs.optree.tree_unflatten(treedef, [
+        tf.TensorSpec(tuple(batch_shape) + tuple(shape), tf.as_dtype(dtype))
+        for dtype, shape in zip(dtype_leaves, shape_leaves)])
+
+
+def flatten_specs(dtypes, shapes):
+    """``(treedef, dtype leaves, shape leaves)`` of a dataset's ``dtypes`` and ``shapes``,
+    the structure taken from ``dtypes`` (see ``data_spec``)."""
     dtypes = as_tuples(dtypes)
     shapes = as_tuples(shapes)
-    if any(leaf is None for leaf in specs.optree.tree_leaves(dtypes, none_is_leaf=True)):
+    dtype_leaves, treedef = specs.optree.tree_flatten(dtypes, none_is_leaf=True)
+    if any(leaf is None for leaf in dtype_leaves):
         raise ValueError(
             "The items have a None value (no tensor), which tf.data cannot carry: read "
             "them with Client.sample_batch, or leave the field out of the items.")
     try:
-        return specs.optree.tree_map(
-            lambda dtype, shape: tf.TensorSpec(tuple(batch_shape) + tuple(shape),
-                                               tf.as_dtype(dtype)),
-            dtypes, shapes, is_leaf=is_shape)
+        shape_leaves = treedef.flatten_up_to(shapes)
     except ValueError as exc:
         raise ValueError(f"dtypes and shapes must have the same structure: {exc}") from exc
+    for shape in shape_leaves:
+        if not is_shape(shape):
+            raise ValueError(f"dtypes and shapes must have the same structure: {shape!r} is "
+                             "where dtypes has a dtype, and it is not a shape.")
+    return treedef, dtype_leaves, [_as_tuple(shape) for shape in shape_leaves]
+
+
+def _as_tuple(shape):
+    if isinstance(shape, tf.TensorShape) and shape.rank is not None:
+        return tuple(shape.as_list())
+    return shape
 
 
 def is_shape(x):
-    return isinstance(x, (tf.TensorShape,)) or (
-        isinstance(x, tuple) and all(isinstance(d, (int, type(None))) for d in x))
+    return isinstance(x, tf.TensorShape) or (isinstance(x, tuple) and all(
+        d is None or isinstance(d, (numbers.Integral, tf.compat.v1.Dimension)) for d in x))
 
 
 def as_tuples(nest):
@@ -53,16 +79,6 @@ def as_tuples(nest):
     if isinstance(nest, dict):
         return {k: as_tuples(v) for k, v in nest.items()}
     return nest
-
-
-def has_lists(nest) -> bool:
-    if isinstance(nest, list):
-        return True
-    if isinstance(nest, tuple):
-        return any(has_lists(x) for x in nest)
-    if isinstance(nest, dict):
-        return any(has_lists(x) for x in nest.values())
-    return False
 
 
 def no_lookahead(dataset):
@@ -86,14 +102,18 @@ _CLIENT_TYPE = Client  # (tests replace Client to watch how workers attach)
 
 
 def plain(value, what: str):
-    """A string given as a tf.Tensor (Reverb accepts ``str|tf.Tensor``) as a str."""
+    """A string given as a tf.Tensor (Reverb accepts ``str|tf.Tensor``) as a str: an eager
+    tensor's value, or a graph-mode constant's (``tf.constant`` under ``tf.compat.v1``)."""
     if isinstance(value, tf.Tensor):
-        if not hasattr(value, "numpy"):
-            raise TypeError(f"{what} must be a str or an eager tf.Tensor, got the symbolic "
-                            f"{value!r}.")
-        value = value.numpy()
+        static = tf.get_static_value(value)
+        if static is None:
+            raise TypeError(f"{what} must be a str, an eager tf.Tensor or a constant, got the "
+                            f"symbolic {value!r}, whose value is only known when it runs.")
+        value = static
     if isinstance(value, (bytes, np.bytes_)):
         return value.decode()
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return plain(value.item(), what)
     return value
 
 

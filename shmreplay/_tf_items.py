@@ -44,35 +44,45 @@ class _Worker:
 
     def chunks(self, stop: Optional[threading.Event] = None):
         """Yields ``ReplaySample`` s of up to ``chunk`` items until the end (the timeout,
-        ``max_samples`` taken, or ``stop`` set)."""
+        ``max_samples`` taken, or ``stop`` set), and None after each slice of waiting
+        in which no item came (see ``_chunk_dataset``: the generator must return to
+        tf.data while it waits)."""
         client = common.connect(self.server_address)
         left = self.max_samples
         try:
+            waiting_since = time.monotonic()
             while left != 0:
-                wanted = self.chunk if left < 0 else min(self.chunk, left)
-                sample = self._take(client, wanted, stop)
-                if sample is None:
+                if stop is not None and stop.is_set():
                     return
+                wanted = self.chunk if left < 0 else min(self.chunk, left)
+                sample = self._take(client, wanted, waiting_since)
+                if sample is _ENDED:
+                    return
+                if sample is None:
+                    yield None
+                    continue
+                waiting_since = time.monotonic()
                 if left > 0:
                     left -= len(sample.info.key)
                 yield sample
         finally:
             client.close()
 
-    def _take(self, client, wanted, stop=None):
-        """Up to ``wanted`` items (at least one), or None when the timeout (or ``stop``)
-        ended it."""
-        started = time.monotonic()
-        while stop is None or not stop.is_set():
-            wait = _batches.SLICE
-            if self.timeout is not None:
-                wait = min(wait, max(0.0, self.timeout - (time.monotonic() - started)))
-            try:
-                return client.sample_batch(self.table, wanted, timeout=wait)
-            except errors.DeadlineExceededError:
-                if self.timeout is not None and time.monotonic() - started >= self.timeout:
-                    return None
-        return None
+    def _take(self, client, wanted, waiting_since):
+        """Up to ``wanted`` items (at least one); None if none came within a slice;
+        ``_ENDED`` when the timeout (counted from ``waiting_since``) ran out."""
+        wait = _batches.SLICE
+        if self.timeout is not None:  # (a call is made even at 0: what is there comes)
+            wait = min(wait, max(0.0, self.timeout - (time.monotonic() - waiting_since)))
+        try:
+            return client.sample_batch(self.table, wanted, timeout=wait)
+        except errors.DeadlineExceededError:
+            if self.timeout is not None and time.monotonic() - waiting_since >= self.timeout:
+                return _ENDED
+            return None
+
+
+_ENDED = object()  # a worker's timeout ran out
 
 
 def _parallel_chunks(workers):
@@ -91,6 +101,8 @@ def _parallel_chunks(workers):
     def run(index, worker):
         try:
             for chunk in worker.chunks(stop):
+                if chunk is None:
+                    continue
                 results.put((index, chunk, None))
                 while not turns[index].acquire(timeout=_batches.SLICE):
                     if stop.is_set():
@@ -110,7 +122,11 @@ def _parallel_chunks(workers):
     running = len(workers)
     try:
         while running:
-            index, chunk, exc = results.get()
+            try:
+                index, chunk, exc = results.get(timeout=_batches.SLICE)
+            except queue.Empty:
+                yield None  # nothing yet: return to tf.data (see _chunk_dataset)
+                continue
             if exc is not None:
                 raise exc
             if chunk is None:
@@ -127,13 +143,25 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
                    timesteps=False):
     """A dataset of chunks: ``ReplaySample`` s with a leading dimension (<= the chunk size)
     and ``data_spec`` after it; with ``timesteps``, sequence items are cut into their
-    timesteps (the info repeated on each)."""
+    timesteps (the info repeated on each).
+
+    While no item comes, the generator yields an empty chunk every ``SLICE`` (unbatch
+    turns it into nothing) instead of waiting inside it: a generator call that waits
+    holds a tf.data thread that nothing can interrupt. Three interleaved datasets
+    draining a table whose items expire (TF-Agents' ``test_prioritized_table_max_sample``)
+    hung that way: the drained datasets waited forever inside their calls, and the
+    iterator's destructor (or the interleave) waited for them. Returning lets tf.data
+    cancel the next call instead.
+    """
     workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
     chunk_spec = ReplaySample(common.info_spec((None,)), tf.nest.map_structure(
         lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
-    ndim = len(tf.nest.flatten(data_spec)[0].shape)
-
     flat_spec = tf.nest.flatten(data_spec)
+    spec_structure = specs.optree.tree_structure(data_spec)
+    ndim = len(flat_spec[0].shape) if flat_spec else 0
+    empty = tf.nest.map_structure(
+        lambda s: np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]],
+                           s.dtype.as_numpy_dtype), chunk_spec)
 
     def worker(index):
         # Each worker has its own share of max_samples, so together they take exactly
@@ -148,21 +176,25 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
         chosen = [worker(i) for i in range(workers)]
         chosen = [w for w in chosen if w.max_samples != 0]
         chunks = chosen[0].chunks() if len(chosen) == 1 else _parallel_chunks(chosen)
-        checked = add_time = lists = False
+        checked = add_time = False
         for sample in chunks:
+            if sample is None:
+                yield empty
+                continue
             sample = _as_timesteps(sample, ndim) if timesteps else common.zero_copy(sample)
             if not checked:
                 add_time = not timesteps and _wants_time_dim(sample, flat_spec)
-                lists = common.has_lists(sample.data)  # tuples, as the spec has them
-            if lists:
-                sample = ReplaySample(sample.info, common.as_tuples(sample.data))
             if add_time:
                 sample = ReplaySample(sample.info, specs.optree.tree_map(
                     lambda leaf: leaf[:, None], sample.data))
             if not checked:  # tf.data would cast a wrong dtype silently
                 _check_chunk(sample, flat_spec, table)
                 checked = True
-            yield sample
+            # As in Reverb, an item meets the dataset leaf by leaf: the elements take the
+            # structure of ``dtypes`` (a bare dtype for a table of ``[x]`` items, tuples
+            # where the items hold lists).
+            yield ReplaySample(sample.info, specs.optree.tree_unflatten(
+                spec_structure, specs.optree.tree_leaves(sample.data)))
 
     return tf.data.Dataset.from_generator(generate, output_signature=chunk_spec)
 
@@ -188,11 +220,17 @@ def _check_chunk(sample, flat_spec, table):
         dtype = np.dtype(spec.dtype.as_numpy_dtype)
         shape = tuple(leaf.shape[1:])
         if leaf.dtype != dtype or not tf.TensorShape(spec.shape).is_compatible_with(shape):
+            # Worded as Reverb's error (TensorFlow's dtype names, [3,3]): code and tests
+            # match on it.
             raise ValueError(
                 f"Table '{table}': requested incompatible tensor at flattened index "
-                f"{index}. Specification has (dtype, shape): ({dtype.name}, "
-                f"{list(spec.shape)}). Tensor has (dtype, shape): ({leaf.dtype.name}, "
-                f"{list(shape)}).")
+                f"{index}. Specification has (dtype, shape): ({specs.tf_dtype_name(dtype)}, "
+                f"{_shape_str(spec.shape)}).  Tensor has (dtype, shape): "
+                f"({specs.tf_dtype_name(leaf.dtype)}, {_shape_str(shape)}).")
+
+
+def _shape_str(shape) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in tf.TensorShape(shape)) + "]"
 
 
 def _as_timesteps(sample, ndim):
@@ -208,8 +246,12 @@ def _as_timesteps(sample, ndim):
     return ReplaySample(info, data)
 
 
-class TrajectoryDataset(tf.data.Dataset):
+class TrajectoryDataset(tf.compat.v1.data.Dataset):
     """One element per sampled item, the whole trajectory (Reverb's ``TrajectoryDataset``).
+
+    A ``tf.compat.v1.data.Dataset``, as Reverb's is: a ``tf.data.Dataset`` in every
+    way, that also has the graph-mode ``make_initializable_iterator()`` and
+    ``make_one_shot_iterator()`` methods Reverb's users (and its tests) call.
 
     Args:
       server_address: The buffer's name, or a ``Client`` (its name and ``trust_group``
@@ -252,7 +294,7 @@ class TrajectoryDataset(tf.data.Dataset):
         self._dataset = self._build(server_address, table, data_spec,
                                     max_in_flight_samples_per_worker, num_workers_per_iterator,
                                     rate_limiter_timeout_ms, max_samples)
-        super().__init__(self._dataset._variant_tensor)
+        super().__init__()  # DatasetV1 asks _as_variant_tensor
 
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
@@ -262,6 +304,9 @@ class TrajectoryDataset(tf.data.Dataset):
     @property
     def element_spec(self):
         return self._dataset.element_spec
+
+    def _as_variant_tensor(self):
+        return self._dataset._variant_tensor
 
     def _inputs(self):
         return []
@@ -325,8 +370,9 @@ def ReplayDataset(server_address: str, table: str, dtypes, shapes,
     if sequence_length is None:
         raise ValueError("ReplayDataset: sequence_length is required when emit_timesteps "
                          "is False.")
-    shapes = specs.optree.tree_map(lambda shape: (sequence_length,) + tuple(shape),
-                                   common.as_tuples(shapes), is_leaf=common.is_shape)
+    treedef, _, shape_leaves = common.flatten_specs(dtypes, shapes)
+    shapes = specs.optree.tree_unflatten(
+        treedef, [(sequence_length,) + tuple(shape) for shape in shape_leaves])
     return TrajectoryDataset(server_address, table, dtypes, shapes,
                              max_in_flight_samples_per_worker, num_workers_per_iterator,
                              max_samples_per_stream, rate_limiter_timeout_ms)

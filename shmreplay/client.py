@@ -5,6 +5,7 @@ results. No offsets, no locks, no numba here.
 """
 
 import functools
+import numbers
 import os
 import threading
 import time
@@ -83,6 +84,10 @@ class Client:
     def server_address(self) -> str:
         """The address this Client was given (a name, or ``"localhost:P"``), as Reverb's."""
         return self._address
+
+    # Reverb's Client keeps its address in ``_server_address``, and code that pickles or
+    # copies Clients (Reverb's own test_pickle among it) reads that name.
+    _server_address = server_address
 
     def __reduce__(self):
         return (Client, (self._address, self._trust_group))
@@ -268,19 +273,32 @@ class Client:
         return Writer(self, max_sequence_length, delta_encoded, chunk_length,
                       max_in_flight_items)
 
-    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True):
+    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True,
+                          get_signature_timeout_ms: Optional[int] = None):
         """A ``TrajectoryWriter``: append steps column-wise, create items from its history.
 
         Args:
           num_keep_alive_refs: How many recent steps of each column stay referenceable
             (the longest item's span).
           validate_items: Accepted for Reverb compatibility; items are always validated.
+          get_signature_timeout_ms: How long to wait for the tables' signatures (earlier
+            Reverb releases' keyword, which Acme's adders pass): here, how long a lazy
+            Client waits for its buffer to appear; an attached Client has them already.
+            None waits as every call does.
 
         Raises:
           ValueError: ``num_keep_alive_refs < 1``.
+          TypeError: ``get_signature_timeout_ms`` is neither None nor a number.
+          DeadlineExceededError: the buffer did not appear within
+            ``get_signature_timeout_ms``.
         """
         from shmreplay.trajectory_writer import TrajectoryWriter
-        self._check_open()
+        if get_signature_timeout_ms is not None and not isinstance(
+                get_signature_timeout_ms, numbers.Real):
+            raise TypeError("get_signature_timeout_ms must be None or a number of "
+                            f"milliseconds, got {get_signature_timeout_ms!r}.")
+        self._connected(None if get_signature_timeout_ms is None
+                        else max(0.0, get_signature_timeout_ms / 1000))
         return TrajectoryWriter(self, num_keep_alive_refs, validate_items)
 
     def _check_open(self):

@@ -404,7 +404,6 @@ class Client:
         delete_keys = np.asarray(list(deletes or ()), np.uint64).reshape(-1)
         engine.mutate(delete_keys.view(np.int64), keys.view(np.int64), prios)
 
-    @_retried_after_layout_reset
     def update_priorities(self, table: str, keys, priorities):
         """Sets the priorities of items by key, from arrays (the fast form of mutate).
 
@@ -415,26 +414,29 @@ class Client:
         Returns:
           How many keys were found and updated (evicted items are ignored).
         """
-        engine = self._engine(table)
-        if (type(keys) is np.ndarray and keys.dtype is _UINT64 and keys.ndim == 1
-                and type(priorities) is np.ndarray and priorities.dtype is _FLOAT64
-                and priorities.shape == keys.shape and engine.whole_items):
-            updated = engine.update_whole(keys, priorities)
-            if updated >= 0:
-                return updated
-            # A priority the kernel refused (nothing changed): say which, and why.
-            _inputs.check_priorities(engine, priorities, keys.size)
-        if type(keys) is not np.ndarray or keys.dtype != np.uint64 or keys.ndim != 1:
-            keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
-        if (type(priorities) is np.ndarray and priorities.dtype == np.float64
-                and priorities.shape == keys.shape):
-            prios = priorities  # validated by the kernel call below
-            bad = kernels.first_invalid_priority(prios, engine.max_priority)
-            if bad >= 0:
-                _inputs.check_priorities(engine, prios, keys.size)
-        else:
-            prios = _inputs.check_priorities(engine, priorities, keys.size)
-        return engine.update(keys.view(np.int64), prios)
+        try:  # (inline: a learner calls this at every step)
+            engine = self._engine(table)
+            if (type(keys) is np.ndarray and keys.dtype is _UINT64 and keys.ndim == 1
+                    and type(priorities) is np.ndarray and priorities.dtype is _FLOAT64
+                    and priorities.shape == keys.shape and engine.whole_items):
+                updated = engine.update_whole(keys, priorities)
+                if updated >= 0:
+                    return updated
+                # A priority the kernel refused (nothing changed): say which, and why.
+                _inputs.check_priorities(engine, priorities, keys.size)
+            if type(keys) is not np.ndarray or keys.dtype != np.uint64 or keys.ndim != 1:
+                keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
+            if (type(priorities) is np.ndarray and priorities.dtype == np.float64
+                    and priorities.shape == keys.shape):
+                prios = priorities  # validated by the kernel call below
+                bad = kernels.first_invalid_priority(prios, engine.max_priority)
+                if bad >= 0:
+                    _inputs.check_priorities(engine, prios, keys.size)
+            else:
+                prios = _inputs.check_priorities(engine, priorities, keys.size)
+            return engine.update(keys.view(np.int64), prios)
+        except errors.LayoutResetError:
+            return _after_layout_reset(self.update_priorities, table, keys, priorities)
 
     @_retried_after_layout_reset
     def reset(self, table: str):

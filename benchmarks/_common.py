@@ -251,6 +251,17 @@ def write_results(stem, payload, markdown):
     return paths
 
 
+def markdown_report(title, info, notes, headers, rows, errors=()):
+    """A results page: the header, the table, then the errors (``lib``, ``where``,
+    ``error`` each) if any."""
+    md = markdown_header(title, info, notes)
+    md += "\n" + render_table(headers, rows, markdown=True) + "\n"
+    if errors:
+        md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
+                                          for e in errors) + "\n"
+    return md
+
+
 def markdown_header(title, info, notes=()):
     lines = [f"### {title}", ""]
     lines += [f"- {ln}" for ln in machine_lines(info)]

@@ -279,11 +279,8 @@ def run(args):
              "floor x its calls; Reverb/floor = the most any replay behind these APIs "
              "could gain over Reverb",
              summary]
-    md = C.markdown_header("TFClient: shmreplay vs Reverb (seed 002's cases)", info, notes)
-    md += "\n" + C.render_table(headers, rows, markdown=True) + "\n"
-    if errors:
-        md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
-                                          for e in errors) + "\n"
+    md = C.markdown_report("TFClient: shmreplay vs Reverb (seed 002's cases)", info, notes,
+                           headers, rows, errors)
     payload = {"benchmark": "tf_client", "quick": args.quick, "machine": info,
                "config": {"capacity": CAPACITY, "alpha": ALPHA, "insert_steps": INSERT_STEPS,
                           "sample_items": SAMPLE_ITEMS, "timing": timing,

@@ -316,12 +316,8 @@ def run(args):
              "cpprb PER add without explicit priorities (its faster path); shmreplay PER add "
              "with priorities; prioritized sample includes importance weights in both",
              summary]
-    md = C.markdown_header("shmreplay vs cpprb (cpprb's Reverb-comparison configuration)",
-                           info, notes)
-    md += "\n" + C.render_table(headers, rows, markdown=True) + "\n"
-    if errors:
-        md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
-                                          for e in errors) + "\n"
+    md = C.markdown_report("shmreplay vs cpprb (cpprb's Reverb-comparison configuration)",
+                           info, notes, headers, rows, errors)
     payload = {"benchmark": "vs_cpprb", "quick": args.quick, "machine": info,
                "config": {"capacity": CAPACITY, "alpha": ALPHA, "beta": BETA,
                           "add_steps": ADD_STEPS, "batch_sizes": BATCH_SIZES,

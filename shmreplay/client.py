@@ -8,12 +8,11 @@ import functools
 import numbers
 import os
 import threading
-import time
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from shmreplay import _address, _connect, _inputs, _item_forms, errors, specs
+from shmreplay import _address, _connect, _inputs, _inserting, _item_forms, errors
 from shmreplay._kernels import table as kernels
 from shmreplay._table import TableEngine
 from shmreplay.replay_sample import ReplaySample, SampleInfo
@@ -220,38 +219,8 @@ class Client:
         return self._insert(data, priorities, timeout, batched=True)
 
     def _insert(self, data, priorities, timeout, batched):
-        if not isinstance(priorities, dict) or not priorities:
-            raise errors.InvalidPriorityError(
-                f"priorities must be a non-empty dict {{table_name: priority}}, got {priorities!r}.")
-        leaves, treedef = specs.flatten(data)
-        count = _inputs.batch_size(leaves, treedef) if batched else 1
-        # Validate everything before changing anything (columns included).
-        plans = []
-        for table, priority in priorities.items():
-            engine = self._engine(table, timeout)
-            prios = _inputs.check_priorities(engine, priority, count)
-            arrays, proposal, form = _inputs.prepare_leaves(engine, leaves, treedef, batched)
-            _inputs.check_batch_fits(engine, count)
-            plans.append([engine, arrays, prios, proposal, form])
-        for plan in plans:
-            engine, proposal = plan[0], plan[3]
-            if proposal is not None:  # a table's first item fixes its storage
-                engine.define_storage(proposal)
-                plan[1], _, plan[4] = _inputs.prepare_leaves(engine, leaves, treedef, batched)
-        reserved = _reserve_in_every_table([plan[0] for plan in plans], count, timeout)
-        try:
-            for (engine, arrays, *_), (slots, rows) in zip(plans, reserved):
-                engine.write_items(slots, rows, arrays, batched)
-        except BaseException:
-            for (engine, *_), (slots, _) in zip(plans, reserved):
-                engine.cancel(slots)
-            raise
-        keys = {}
-        for (engine, _, prios, _, form), (slots, _) in zip(plans, reserved):
-            committed = engine.commit(slots, prios)
-            _item_forms.record(engine, committed, form)
-            keys[engine.name] = committed if batched else int(committed[0])
-        return keys
+        return _inserting.insert(lambda table: self._engine(table, timeout), data, priorities,
+                                 timeout, batched)
 
     # --- writers --------------------------------------------------------------------------
 
@@ -521,50 +490,3 @@ class Client:
 
 
 # --- input conversion ----------------------------------------------------------------------
-
-
-def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
-    """``count`` slots in each table (``engine.reserve_items``), all or none.
-
-    Only one table is ever waited on, and nothing is held while waiting: holding one
-    table's slots while waiting for another's rate limiter could deadlock two inserts
-    that name the same tables in other orders. The others are taken without waiting;
-    if one refuses, everything is handed back and that table is waited on next.
-
-    Raises:
-      DeadlineExceededError: ``timeout`` expired; nothing is reserved.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    first = 0
-    while True:
-        reserved = [None] * len(engines)
-        refused = None
-        try:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                reserved[first] = engines[first].reserve_items(count, remaining)
-            except errors.DeadlineExceededError:
-                raise errors.DeadlineExceededError(  # name the caller's timeout, not the rest
-                    f"Table '{engines[first].name}': the rate limiter did not allow the "
-                    f"insert within the timeout of {errors.seconds(timeout)}.") from None
-            for i, engine in enumerate(engines):
-                if reserved[i] is None:
-                    try:
-                        reserved[i] = engine.reserve_items(count, 0.0)
-                    except errors.DeadlineExceededError:
-                        refused = i
-                        break
-        except BaseException:
-            _cancel_reserved(engines, reserved)
-            raise
-        if refused is None:
-            return reserved
-        _cancel_reserved(engines, reserved)
-        first = refused
-
-
-def _cancel_reserved(engines, reserved):
-    for engine, got in zip(engines, reserved):
-        if got is not None:
-            engine.cancel(got[0])
-

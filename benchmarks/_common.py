@@ -9,6 +9,7 @@ import importlib
 import importlib.metadata
 import itertools
 import json
+import traceback
 import os
 import platform
 import statistics
@@ -249,6 +250,20 @@ def write_results(stem, payload, markdown):
         os.replace(tmp, path)
         paths.append(path)
     return paths
+
+
+def prepared_case(lib, where, make, errors):
+    """``make()``'s function, called once here so that an error names its case; None
+    (the error recorded in ``errors`` and printed) if making or calling it failed."""
+    try:
+        fn = make()
+        fn()  # surface errors with the case named (and trace tf.functions)
+        return fn
+    except Exception as exc:  # noqa: BLE001
+        tb = traceback.format_exc()
+        print(f"{lib} {where} failed:\n{tb}")
+        errors.append({"lib": lib, "where": where, "error": repr(exc), "traceback": tb})
+        return None
 
 
 def markdown_report(title, info, notes, headers, rows, errors=()):

@@ -33,7 +33,6 @@ import argparse
 import itertools
 import os
 import sys
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
@@ -216,15 +215,10 @@ def run(args):
             row = {"op": op, "mode": mode, "table": table, "n": n}
             fns = {}
             for side in sides:
-                try:
-                    fn = side.case(op, mode, table, n)
-                    fn()  # surface errors with the case named (and trace tf.functions)
+                fn = C.prepared_case(side.name, f"{op} {mode} {table} {n}",
+                                     lambda: side.case(op, mode, table, n), errors)
+                if fn is not None:
                     fns[side.name] = fn
-                except Exception as exc:  # noqa: BLE001
-                    tb = traceback.format_exc()
-                    print(f"{side.name} {op} {mode} {table} {n} failed:\n{tb}")
-                    errors.append({"lib": side.name, "where": f"{op} {mode} {table} {n}",
-                                   "error": repr(exc), "traceback": tb})
             timed = C.time_interleaved(fns, **timing) if fns else {}
             for name, t in timed.items():
                 row[name] = {"median_ms": t["median"] * 1e3, "per_unit_us": t["median"] * 1e6 / n,

@@ -259,16 +259,12 @@ def run(args):
                         errors.append({"lib": side.name, "where": "fill/check",
                                        "error": repr(exc), "traceback": tb})
                     filled.add(side.name)
-                try:
-                    fn = side.case_fn(op, sampler, n)
-                    fn()  # surface API errors here, with the case named
-                    fns[side.name] = fn
-                except Exception as exc:  # noqa: BLE001
-                    tb = traceback.format_exc()
-                    print(f"{side.name} {op} {sampler} {n} failed:\n{tb}")
-                    errors.append({"lib": side.name, "where": f"{op} {sampler} {n}",
-                                   "error": repr(exc), "traceback": tb})
+                fn = C.prepared_case(side.name, f"{op} {sampler} {n}",
+                                     lambda: side.case_fn(op, sampler, n), errors)
+                if fn is None:
                     row[side.name] = None
+                else:
+                    fns[side.name] = fn
             if fns:
                 try:
                     timed = C.time_interleaved(fns, **timing)

@@ -12,6 +12,8 @@ import itertools
 
 import numpy as np
 
+from shmreplay import errors, specs
+
 
 
 class TrajectoryColumn:
@@ -109,6 +111,26 @@ class TrajectoryColumn:
 
 
 _new_column = object.__new__
+
+
+def check_value(path, value, first):
+        """Raises SchemaError unless ``value`` can be stored as the column's value."""
+        if first is not None:
+            if value.dtype != first.dtype:
+                raise errors.SchemaError(
+                    f"Tensor of wrong dtype provided for column {path}. Got "
+                    f"{specs.tf_dtype_name(value.dtype)} but expected "
+                    f"{specs.tf_dtype_name(first.dtype)}.")
+            if value.shape != first.shape:
+                raise errors.SchemaError(
+                    f"Tensor of incompatible shape provided for column {path}. Got "
+                    f"{specs.tf_shape_str(value.shape)} which is incompatible with "
+                    f"{specs.tf_shape_str(first.shape)}.")
+        if value.dtype.kind not in "biufc":
+            raise errors.SchemaError(
+                f"Column {path}: dtype {value.dtype} cannot be stored; expected a numeric or "
+                "boolean dtype.")
+        return value
 
 
 class _ColumnHistory:

@@ -31,6 +31,25 @@ class _WholeSteps:
         self.columns = columns    # per key, its _ColumnHistory
         self.firsts = firsts      # per key, the field's first value (dtype and shape)
 
+    def push(self, values, uid: int, episode: int):
+        """Pushes one step's checked ``values`` onto the fields' histories: what
+        ``_ColumnHistory.push`` and ``keep_alive`` do, inlined for the hot path."""
+        step_ref = _writing.StepRef
+        for path, column, value in zip(self.paths, self.columns, values):
+            ref = step_ref(uid, episode, path, value)
+            refs = column.refs
+            refs.append(ref)
+            if len(refs) > column.span:
+                refs.popleft()
+                column.start += 1
+            alive = column.values
+            alive.append(ref)
+            if len(alive) > column.keep:
+                old = alive.popleft()
+                old.expired = True
+                if column.span > column.keep:
+                    column.expire(old)
+
     def convert(self, data):
         """The step's values (arrays copied, Python scalars as the general path converts
         them), or None if a key is missing or a value is not a numpy array or scalar, or a

@@ -16,8 +16,8 @@ from typing import Optional
 
 import numpy as np
 
-from shmreplay import _writing, errors, specs
-from shmreplay._history import (TrajectoryColumn, _AbsentColumn, _build_history,
+from shmreplay import _pending, _writing, errors, specs
+from shmreplay._history import (TrajectoryColumn, _AbsentColumn, _build_history, check_value,
                                 _ColumnHistory, _merge_structure, _named_path)
 from shmreplay._trajectory_shortcuts import PY_DTYPES, _UsualItem, _WholeSteps
 
@@ -73,7 +73,7 @@ class TrajectoryWriter:
         self._usual_items = {}        # (table, flat dict trajectory's keys) -> _UsualItem
         self._open = None             # the open step's {path: ref} (after a partial append)
         self._tables = {}             # engine name -> _writing.TableRows
-        self._pending = _writing.PendingItems()
+        self._pending = _pending.PendingItems()
         self._closed = False
 
     # --- appending --------------------------------------------------------------------
@@ -147,7 +147,7 @@ class TrajectoryWriter:
             first = first_values.get(path)
             if (first is None or value.shape != first.shape
                     or (value.dtype is not first.dtype and value.dtype != first.dtype)):
-                self._check_value(path, value, first)
+                check_value(path, value, first)
             converted.append((path, value))
         uid = self._next_uid
         if uid is None:
@@ -207,22 +207,7 @@ class TrajectoryWriter:
         if uid is None:
             uid = next(self._uids)
         self._next_uid = None
-        episode = self._episode
-        StepRef = _writing.StepRef
-        for path, column, value in zip(whole.paths, whole.columns, values):
-            ref = StepRef(uid, episode, path, value)
-            refs = column.refs
-            refs.append(ref)
-            if len(refs) > column.span:
-                refs.popleft()
-                column.start += 1
-            alive = column.values
-            alive.append(ref)
-            if len(alive) > column.keep:
-                old = alive.popleft()
-                old.expired = True
-                if column.span > column.keep:
-                    column.expire(old)
+        whole.push(values, uid, self._episode)
         self._episode_steps += 1
         self._history_steps += 1
         self._after_step()
@@ -237,26 +222,6 @@ class TrajectoryWriter:
         if self._next_uid is None:
             self._next_uid = next(self._uids)
         return self._next_uid
-
-    @staticmethod
-    def _check_value(path, value, first):
-        """Raises SchemaError unless ``value`` can be stored as the column's value."""
-        if first is not None:
-            if value.dtype != first.dtype:
-                raise errors.SchemaError(
-                    f"Tensor of wrong dtype provided for column {path}. Got "
-                    f"{specs.tf_dtype_name(value.dtype)} but expected "
-                    f"{specs.tf_dtype_name(first.dtype)}.")
-            if value.shape != first.shape:
-                raise errors.SchemaError(
-                    f"Tensor of incompatible shape provided for column {path}. Got "
-                    f"{specs.tf_shape_str(value.shape)} which is incompatible with "
-                    f"{specs.tf_shape_str(first.shape)}.")
-        if value.dtype.kind not in "biufc":
-            raise errors.SchemaError(
-                f"Column {path}: dtype {value.dtype} cannot be stored; expected a numeric or "
-                "boolean dtype.")
-        return value
 
     # --- history ------------------------------------------------------------------------
 
@@ -500,7 +465,7 @@ class TrajectoryWriter:
         """Closes the writer; items still waiting are dropped (``flush`` first to keep
         them). Closing twice is allowed."""
         self._closed = True
-        self._pending = _writing.PendingItems()
+        self._pending = _pending.PendingItems()
         self._tables = {}
 
     def _check_open(self):

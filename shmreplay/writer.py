@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from shmreplay import _writing, errors, specs
+from shmreplay import _pending, _writing, errors, specs
 
 
 class Writer:
@@ -62,7 +62,7 @@ class Writer:
         self._first = None           # the first step's values (fix dtypes and shapes)
         self._uids = itertools.count()
         self._tables = {}
-        self._pending = _writing.PendingItems()
+        self._pending = _pending.PendingItems()
         self._appended = 0
         self._closed = False
 

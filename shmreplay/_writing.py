@@ -398,7 +398,8 @@ def _commit(engine, slot, priority, entries, remember, form: int, episode):
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
     if key < 0:
         engine._raise_status(key)
-    _item_forms.record(engine, key, form)
+    if form:  # (rare: most items are stored in the table's usual form)
+        _item_forms.record(engine, key, form)
     entries.update(remember)
     return key
 

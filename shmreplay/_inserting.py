@@ -22,6 +22,7 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
     if not isinstance(priorities, dict) or not priorities:
         raise errors.InvalidPriorityError(
             f"priorities must be a non-empty dict {{table_name: priority}}, got {priorities!r}.")
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     leaves, treedef = specs.flatten(data)
     count = _inputs.batch_size(leaves, treedef) if batched else 1
     # Validate everything before changing anything (columns included).
@@ -37,7 +38,7 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
         if proposal is not None:  # a table's first item fixes its storage
             engine.define_storage(proposal)
             plan[1], _, plan[4] = _inputs.prepare_leaves(engine, leaves, treedef, batched)
-    reserved = _reserve_in_every_table([plan[0] for plan in plans], count, timeout)
+    reserved = _reserve_in_every_table([plan[0] for plan in plans], count, deadline, timeout)
     try:
         for (engine, arrays, *_), (slots, rows) in zip(plans, reserved):
             engine.write_items(slots, rows, arrays, batched)
@@ -46,14 +47,23 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
             engine.cancel(slots)
         raise
     keys = {}
-    for (engine, _, prios, _, form), (slots, _) in zip(plans, reserved):
-        committed = engine.commit(slots, prios)
+    # The first commit honours the timeout if the table's lock stays held (by a stopped
+    # process, say): the call then gives every reservation up. Once one table has the
+    # item, the others wait for their locks as long as it takes (Ctrl-C still works):
+    # an item is in every table it names or in none.
+    for i, ((engine, _, prios, _, form), (slots, _)) in enumerate(zip(plans, reserved)):
+        try:
+            committed = engine.commit(slots, prios, deadline if i == 0 else None, timeout)
+        except BaseException:
+            for (later, *_), (later_slots, _) in zip(plans[i + 1:], reserved[i + 1:]):
+                later._abandoned.extend(int(slot) for slot in later_slots)
+            raise
         _item_forms.record(engine, committed, form)
         keys[engine.name] = committed if batched else int(committed[0])
     return keys
 
 
-def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
+def _reserve_in_every_table(engines, count: int, deadline, timeout: Optional[float]):
     """``count`` slots in each table (``engine.reserve_items``), all or none.
 
     Only one table is ever waited on, and nothing is held while waiting: holding one
@@ -62,9 +72,9 @@ def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
     if one refuses, everything is handed back and that table is waited on next.
 
     Raises:
-      DeadlineExceededError: ``timeout`` expired; nothing is reserved.
+      DeadlineExceededError: ``deadline`` passed (``timeout`` names it); nothing is
+        reserved.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
     first = 0
     while True:
         reserved = [None] * len(engines)
@@ -73,6 +83,8 @@ def _reserve_in_every_table(engines, count: int, timeout: Optional[float]):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 reserved[first] = engines[first].reserve_items(count, remaining)
+            except errors.LockTimeoutError:
+                raise
             except errors.DeadlineExceededError:
                 raise errors.DeadlineExceededError(  # name the caller's timeout, not the rest
                     f"Table '{engines[first].name}': the rate limiter did not allow the "

@@ -18,8 +18,8 @@ import warnings
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import (_batch_outputs, _data_segment, _segment, _staging, _storage,
-                       _sync, errors, specs)
+from shmreplay import (_batch_outputs, _data_segment, _lock_waits, _segment, _staging,
+                       _storage, _sync, errors, specs)
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
 from shmreplay import _table_info
@@ -31,6 +31,9 @@ _seeded_pid = None
 _UNSET = object()
 _NO_KEYS = np.empty(0, np.int64)
 _WEIGH_UNLOCKED_FROM = 32  # keys per update (below: weights computed under the lock)
+# How long ``stop()`` waits for each table's lock before it marks the table closed
+# without it (its holder is stopped, or stuck).
+CLOSE_LOCK_TIMEOUT = 1.0
 
 
 def _seed_rng():
@@ -68,6 +71,10 @@ class TableEngine(Inserting, Sampling):
                              config.rate_limiter.max_batch_insert())
         self.max_priority = _max_priority(config, self.capacity)
         self._reclaim_at = 0.0  # when a refused call may next look for dead writers
+        # Slots reserved by calls that gave up, and slots samples deleted but could not
+        # free: both wait for the lock (``_settle_abandoned``).
+        self._abandoned = []
+        self._undrained = []
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
         # For the one-call kernels (sample_gather, update_whole, insert_staged): the
@@ -347,12 +354,10 @@ class TableEngine(Inserting, Sampling):
             f"Table '{self.name}' of buffer '{self.buffer_name}' is corrupt (status {status}).")
 
     def _call(self, kernel, *args):
-        """Calls a locked kernel; maps the step storage first if the kernel asks for it."""
-        status = kernel(*self.arrays, *args)
-        if status == codes.UNMAPPED:
-            self._map_step_storage()
-            status = kernel(*self.arrays, *args)
-        return status
+        """Calls a locked kernel; maps the step storage first if the kernel asks for it.
+        Waits for a busy lock without a limit (Ctrl-C interrupts it; a long wait is
+        logged, naming the holder)."""
+        return _lock_waits.call(self, None, None, None, kernel, *args)
 
     def _map_step_storage(self):
         """Maps the storage a kernel said we lack (``UNMAPPED``); it must exist by then.
@@ -373,46 +378,72 @@ class TableEngine(Inserting, Sampling):
                 "data segment is missing or unfinished: the buffer is corrupt.")
 
     def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None):
-        """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between."""
+        """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between.
+
+        A call that ends while registered as a waiter (Ctrl-C during the sleep, a lock
+        that stayed busy, a stopped buffer) withdraws its registration, so that
+        ``shmreplay top`` never counts a phantom waiter.
+        """
         if io is None:
             io = np.zeros(3, np.int64)
         timespec = np.zeros(2, np.int64)
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        was_waiting = 0
+        what = "insert" if inserting else "sample"
+        waiting = [0]  # registered as a waiter: the kernel's ``was_waiting`` next time
+        lock_wait = None
         next_reclaim = time.monotonic() + RECLAIM_EVERY
-        while True:
-            register = 0 if timeout is not None and timeout <= 0 else 1
-            status = call(*self.arrays, *make_args(was_waiting, register), io)
-            if status >= 0:
-                return status
-            if status == codes.UNMAPPED:
-                self._map_step_storage()
-                continue
-            if status != codes.BLOCKED:
-                self._raise_status(status)
-            was_waiting = register
-            now = time.monotonic()
-            remaining = _sync.WAIT_SLICE if deadline is None else min(deadline - now,
-                                                                      _sync.WAIT_SLICE)
-            if remaining <= 0:
-                if register:
-                    kernels.unwait(*self.arrays, waiters_word)
-                    was_waiting = 0
-                if inserting and self.ctrl[L.C_PENDING] > 0 and now >= self._reclaim_at:
-                    # A call that does not wait (timeout 0) may be refused only because a
-                    # dead writer's reservation holds the room: free those (at most every
-                    # RECLAIM_EVERY s), then try once more.
-                    self._reclaim_at = now + RECLAIM_EVERY
-                    if self.reclaim_dead_writers():
-                        continue
-                raise errors.DeadlineExceededError(
-                    f"Table '{self.name}': the rate limiter did not allow the "
-                    f"{'insert' if inserting else 'sample'} within the timeout of "
-                    f"{errors.seconds(timeout)}.")
-            kernels.wait(self.ctrl, seq_word, io[0], int(remaining * 1e9), timespec)
-            if inserting and time.monotonic() >= next_reclaim:
-                self.reclaim_dead_writers()
-                next_reclaim = time.monotonic() + RECLAIM_EVERY
+        try:
+            while True:
+                register = 0 if timeout is not None and timeout <= 0 else 1
+                status = call(*self.arrays, *make_args(waiting[0], register), io)
+                if status == codes.LOCK_BUSY:  # the kernel did nothing: still registered
+                    if lock_wait is None:
+                        lock_wait = _lock_waits.LockWait(self, deadline, timeout, what)
+                    lock_wait.again()
+                    continue
+                if status == codes.UNMAPPED:  # (refused before it withdrew anything)
+                    self._map_step_storage()
+                    continue
+                waiting[0] = 0  # the kernel withdrew it (and registers again if BLOCKED)
+                if status >= 0:
+                    return status
+                if status != codes.BLOCKED:
+                    self._raise_status(status)
+                waiting[0] = register
+                now = time.monotonic()
+                remaining = (_sync.WAIT_SLICE if deadline is None
+                             else min(deadline - now, _sync.WAIT_SLICE))
+                if remaining <= 0:
+                    if waiting[0]:
+                        waiting[0] = 0
+                        self._withdraw_waiter(waiters_word)
+                    if inserting and self.ctrl[L.C_PENDING] > 0 and now >= self._reclaim_at:
+                        # A call that does not wait (timeout 0) may be refused only because
+                        # a dead writer's reservation holds the room: free those (at most
+                        # every RECLAIM_EVERY s), then try once more.
+                        self._reclaim_at = now + RECLAIM_EVERY
+                        if self.reclaim_dead_writers():
+                            continue
+                    raise errors.DeadlineExceededError(
+                        f"Table '{self.name}': the rate limiter did not allow the {what} "
+                        f"within the timeout of {errors.seconds(timeout)}.")
+                kernels.wait(self.ctrl, seq_word, io[0], int(remaining * 1e9), timespec)
+                if inserting and time.monotonic() >= next_reclaim:
+                    self.reclaim_dead_writers()
+                    next_reclaim = time.monotonic() + RECLAIM_EVERY
+        except BaseException:
+            if waiting[0]:
+                self._withdraw_waiter(waiters_word)
+            raise
+
+    def _withdraw_waiter(self, waiters_word):
+        """``unwait``; gives up after a second if the lock stays busy (the count is then
+        off by one until that waiter's process ends)."""
+        try:
+            _lock_waits.call(self, time.monotonic() + 1.0, 1.0, "withdrawal of a waiter",
+                             kernels.unwait, waiters_word)
+        except errors.ShmReplayError:
+            pass
 
     # --- the rest -----------------------------------------------------------------------
 
@@ -432,15 +463,23 @@ class TableEngine(Inserting, Sampling):
         scratch = self._update_scratch
         if scratch.shape[1] < keys.shape[0]:
             scratch = self._update_scratch = np.empty((2, keys.shape[0]), np.int64)
-        if keys.shape[0] >= _WEIGH_UNLOCKED_FROM and self._weighs:
-            # From a few dozen keys on, a Prioritized sampler's weights are worth
-            # computing before the lock is taken (in a new array: that part is unlocked).
-            status = kernels.update_whole_weighed(
-                self._header_bytes, self._table_offsets, keys, priorities, self.max_priority,
-                scratch, np.empty(2 * keys.shape[0]))
-        else:
-            status = kernels.update_whole(self._header_bytes, self._table_offsets, keys,
-                                          priorities, self.max_priority, scratch)
+        lock_wait = None
+        while True:
+            if keys.shape[0] >= _WEIGH_UNLOCKED_FROM and self._weighs:
+                # From a few dozen keys on, a Prioritized sampler's weights are worth
+                # computing before the lock is taken (in a new array: that part is
+                # unlocked).
+                status = kernels.update_whole_weighed(
+                    self._header_bytes, self._table_offsets, keys, priorities,
+                    self.max_priority, scratch, np.empty(2 * keys.shape[0]))
+            else:
+                status = kernels.update_whole(self._header_bytes, self._table_offsets, keys,
+                                              priorities, self.max_priority, scratch)
+            if status != codes.LOCK_BUSY:
+                break
+            if lock_wait is None:
+                lock_wait = _lock_waits.LockWait(self, None, None, "update of priorities")
+            lock_wait.again()
         if status < 0 and status != codes.INVALID_PRIORITY:
             self._raise_status(status)
         return status
@@ -484,15 +523,33 @@ class TableEngine(Inserting, Sampling):
         self.refs, self.rows = L.no_step_views(generation)
         self.arrays = self._table_arrays + (self.refs, self.rows)
 
-    def close(self):
-        """Marks the table closed for every process (owner's stop)."""
-        kernels.close(*self.arrays)
+    def close(self, lock_timeout: float = CLOSE_LOCK_TIMEOUT) -> bool:
+        """Marks the table closed for every process (owner's stop) and wakes its waiters.
 
-    def verify(self):
-        """Frees slots of dead writers, then names the invariants the table violates."""
+        Returns False if the lock stayed held for ``lock_timeout`` seconds (a stopped
+        process holds it): the table is then marked closed without the lock. Every
+        call, blocked or not, still sees it closed (the flag is one aligned word, and
+        lock waiters check it between tries); only the holder's own call may finish.
+        """
+        try:
+            status = _lock_waits.call(self, time.monotonic() + lock_timeout, lock_timeout,
+                                      "stop", kernels.close)
+        except errors.LockTimeoutError:
+            self.ctrl[L.C_CLOSED] = 1
+            kernels.wake_all(self.ctrl)
+            return False
+        except errors.BufferBrokenError:
+            return True  # (someone marked it closed meanwhile)
+        if status < 0:
+            self._raise_status(status)
+        return True
+
+    def verify(self, deadline=None, timeout=None):
+        """Frees slots of dead writers, then names the invariants the table violates;
+        waits for the lock up to ``deadline`` (``LockTimeoutError``)."""
         from shmreplay._kernels import verify as checks
         self.reclaim_dead_writers()
-        status = self._call(kernels.verify)
+        status = _lock_waits.call(self, deadline, timeout, "verify", kernels.verify)
         if status < 0:
             self._raise_status(status)
         names = {checks.SIZE: "size counter != live items",
@@ -511,7 +568,7 @@ class TableEngine(Inserting, Sampling):
         return self._rate_check(n, False)
 
     def _rate_check(self, n, inserting):
-        status = kernels.rate_check(*self.arrays, int(n), inserting)
+        status = self._call(kernels.rate_check, int(n), inserting)
         if status < 0:
             self._raise_status(status)
         return bool(status)
@@ -544,19 +601,27 @@ class TableEngine(Inserting, Sampling):
                       f"= {inserts * spi - samples - 1:g} < min_diff {limiter.min_diff:g}")
         return insert, sample
 
-    def counters(self) -> np.ndarray:
+    def counters(self, deadline=None, timeout=None) -> np.ndarray:
+        """A consistent copy of the control block (taken under the lock, waiting for it
+        up to ``deadline``)."""
         out = np.empty(L.CTRL_WORDS, np.int64)
-        status = kernels.snapshot(*self.arrays, out)
+        status = _lock_waits.call(self, deadline, timeout, "info", kernels.snapshot, out)
         if status < 0:
             self._raise_status(status)
         return out
 
-    def info(self) -> TableInfo:
-        c = self.counters()
+    def info(self, deadline=None, timeout=None) -> TableInfo:
+        """The table's ``TableInfo``, waiting for its lock up to ``deadline``.
+
+        Raises:
+          LockTimeoutError: the lock stayed held (by a stopped process, say) until then.
+        """
+        c = self.counters(deadline, timeout)
         if c[L.C_CLOSED]:  # stopped by its owner: what it held is gone
             self._raise_status(codes.CLOSED)
         self.has_columns()
-        info = _table_info.make_info(self.config, c, _table_info.count_episodes(self, c))
+        episodes = _table_info.count_episodes(self, c, deadline, timeout)
+        info = _table_info.make_info(self.config, c, episodes)
         if self.storage is not None:
             stored = c[L.C_ROWS_LIVE] if self.storage.steps else c[L.C_SIZE] + c[L.C_PENDING]
             info = dataclasses.replace(

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import specs
+from shmreplay import _lock_waits, specs
 from shmreplay.replay_sample import (RateLimiterCallStats, RateLimiterInfo, SelectorOptions,
                                      TableInfo)
 
@@ -66,16 +66,17 @@ def reported_signature(signature):
     return specs.optree.tree_map(as_given, signature, none_is_leaf=False)
 
 
-def count_episodes(engine, counters) -> int:
+def count_episodes(engine, counters, deadline=None, timeout=None) -> int:
     """The number of distinct episodes among ``engine``'s live items (``counters``:
-    its control words, read just before)."""
+    its control words, read just before), waiting for the lock up to ``deadline``."""
     if not counters[L.C_EPISODES_RECORDED]:
         return int(counters[L.C_SIZE])  # no writer ever wrote here: each its own
     from shmreplay._kernels import episodes as kernels
     room = int(engine.ctrl[L.C_SIZE]) + 64
     while True:
         out = np.empty(room, np.int64)
-        count = engine._call(kernels.live_episodes, engine.episodes, out)
+        count = _lock_waits.call(engine, deadline, timeout, "info", kernels.live_episodes,
+                                 engine.episodes, out)
         if count >= 0:
             break
         if count > -1000:

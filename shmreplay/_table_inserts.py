@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _staging, errors
+from shmreplay import _lock_waits, _staging, errors
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
 from shmreplay._procs import PID as _PID, pid_alive
@@ -23,6 +23,10 @@ _SCRATCH_IO = np.zeros(2, np.int64)  # for calls that never wait (its content is
 # The remover writes the evicted item's probability here; nobody reads it, so threads
 # may share it.
 _SCRATCH_PROB = np.empty(2, np.float64)
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.monotonic() + max(0.0, timeout)
 
 
 class Inserting:
@@ -50,11 +54,12 @@ class Inserting:
                 stagings.append(staging)
             if key > 0:
                 return key
-            if key != codes.BLOCKED:
+            if key != codes.BLOCKED and key != codes.LOCK_BUSY:
                 self._raise_status(key)
+        deadline = _deadline(timeout)
         slot = kernels.reserve_one(*self.arrays, os.getpid())
         if slot < 0:
-            if slot != codes.BLOCKED:
+            if slot != codes.BLOCKED and slot != codes.LOCK_BUSY:
                 self._raise_status(slot)
             slot = self.reserve(1, timeout)[0]
         try:
@@ -64,6 +69,10 @@ class Inserting:
             self.cancel(np.array([slot]))
             raise
         key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB)
+        if key == codes.LOCK_BUSY:
+            key = self._commit_when_free(
+                lambda: kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB),
+                np.array([slot]), deadline, timeout)
         if key < 0:
             self._raise_status(key)
         return key
@@ -76,13 +85,14 @@ class Inserting:
         lock: one slice per column when the slots are one run, as they usually are.
         """
         work = np.empty(5 * count + 1, np.int64)  # slots, run start, commit's scratch
+        deadline = _deadline(timeout)
         status = kernels.reserve_whole(self._header_bytes, self._table_offsets, count,
                                        priorities, self.max_priority, _PID[0], work,
                                        _SCRATCH_IO)
         if status == codes.INVALID_PRIORITY:
             return None
         if status < 0:
-            if status != codes.BLOCKED:
+            if status != codes.BLOCKED and status != codes.LOCK_BUSY:
                 self._raise_status(status)
             work[:count] = self.reserve(count, timeout)
             work[count] = work[0] if kernels.ascending_run(work[:count]) else -1
@@ -100,12 +110,56 @@ class Inserting:
         keys = np.empty(count, np.uint64)
         status = kernels.commit_whole(self._header_bytes, self._table_offsets, work, count,
                                       priorities, keys, _SCRATCH_PROB)
+        if status == codes.LOCK_BUSY:
+            status = self._commit_when_free(
+                lambda: kernels.commit_whole(self._header_bytes, self._table_offsets, work,
+                                             count, priorities, keys, _SCRATCH_PROB),
+                work[:count].copy(), deadline, timeout)
         if status < 0:
             self._raise_status(status)
         return keys
 
+    def _commit_when_free(self, commit, slots, deadline, timeout):
+        """Calls ``commit()`` (which returned ``LOCK_BUSY`` once) until the lock is free;
+        returns its status. At ``deadline`` (or on Ctrl-C) gives the reserved ``slots``
+        up, to be cancelled later (``_settle_abandoned``), and raises."""
+        lock_wait = _lock_waits.LockWait(self, deadline, timeout, "insert")
+        while True:
+            try:
+                lock_wait.again()
+            except BaseException:
+                self._abandoned.extend(int(slot) for slot in slots)
+                raise
+            status = commit()
+            if status != codes.LOCK_BUSY:
+                return status
+
+    def _settle_abandoned(self):
+        """Cancels the slots that calls gave up after reserving them (their commit found
+        the lock held until their deadline), and frees the slots samples deleted but
+        could not release. They stay WRITING or DRAINING for this process until then;
+        if the lock is still busy, until the next try."""
+        slots, self._abandoned[:] = list(self._abandoned), []
+        undrained, self._undrained[:] = list(self._undrained), []
+        try:
+            if slots:
+                _lock_waits.call(self, time.monotonic() + 0.1, 0.1, "cancel", kernels.cancel,
+                                 np.array(slots, np.int64),
+                                 np.full(len(slots), os.getpid(), np.int64))
+                slots = []
+            while undrained:
+                drained_slots, versions = undrained[-1]
+                _lock_waits.call(self, time.monotonic() + 0.1, 0.1, "release",
+                                 kernels.release_drained, drained_slots, versions, _PID[0])
+                undrained.pop()
+        except errors.LockTimeoutError:
+            self._abandoned.extend(slots)
+            self._undrained.extend(undrained)
+
     def reserve(self, n: int, timeout):
         """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots)."""
+        if self._abandoned or self._undrained:
+            self._settle_abandoned()
         slots = np.empty(n, np.int64)
         pid = os.getpid()
         self._blocking(kernels.reserve, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
@@ -229,10 +283,15 @@ class Inserting:
                 else:
                     store[rows[i, steps]] = value
 
-    def commit(self, slots, priorities):
+    def commit(self, slots, priorities, deadline=None, timeout=None):
         keys = np.empty(len(slots), np.int64)
-        status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
-                                np.empty((2, 2 * len(slots)), np.int64))
+        touched = np.empty((2, 2 * len(slots)), np.int64)
+        status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB, touched)
+        if status == codes.LOCK_BUSY:
+            status = self._commit_when_free(
+                lambda: kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
+                                       touched),
+                slots, deadline, timeout)
         if status < 0:
             self._raise_status(status)
         return keys.view(np.uint64)
@@ -242,6 +301,8 @@ class Inserting:
 
     def reclaim_dead_writers(self) -> int:
         """Frees slots reserved by writers that died before committing them."""
+        if self._abandoned or self._undrained:
+            self._settle_abandoned()
         slots = np.empty(self.capacity, np.int64)
         pids = np.empty(self.capacity, np.int64)
         count = kernels.writing_slots(*self.arrays, slots, pids)

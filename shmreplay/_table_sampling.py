@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _outputs, errors
+from shmreplay import _lock_waits, _outputs, errors
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
 from shmreplay._procs import PID as _PID
@@ -65,6 +65,8 @@ class Sampling:
                 return self.sample(batch_size, None if deadline is None
                                    else deadline - time.monotonic())
             return self._sample_new(batch_size, deadline)
+        except errors.LockTimeoutError:
+            raise
         except errors.DeadlineExceededError:
             raise errors.DeadlineExceededError(
                 f"Table '{self.name}': the rate limiter did not allow the sample within the "
@@ -128,9 +130,21 @@ class Sampling:
         finally:
             if drained:
                 # Items this call deleted (max_times_sampled) kept their slots until now.
-                kernels.release_drained(*self.arrays, out_i[kernels.OUT_SLOT, :count],
-                                        out_i[kernels.OUT_VERSION, :count], _PID[0])
+                self._release_drained(out_i[kernels.OUT_SLOT, :count],
+                                      out_i[kernels.OUT_VERSION, :count], deadline)
         return count, data
+
+    def _release_drained(self, slots, versions, deadline):
+        """Frees the slots this call deleted once copied; if the lock stays held until
+        ``deadline``, later (``_settle_abandoned``), so that the sample is not lost."""
+        status = kernels.release_drained(*self.arrays, slots, versions, _PID[0])
+        if status != codes.LOCK_BUSY:
+            return
+        try:
+            _lock_waits.call(self, deadline, None, "sample", kernels.release_drained, slots,
+                             versions, _PID[0])
+        except errors.LockTimeoutError:
+            self._undrained.append((slots.copy(), versions.copy()))
 
     def _gather(self, slots):
         """Copies the items in ``slots`` out of shared memory, one array per column.
@@ -155,7 +169,7 @@ class Sampling:
         return data
 
     def _draw_blocking(self, batch_size, out_i, out_f, out_gens, io, deadline, status):
-        if status != codes.BLOCKED and status != codes.UNMAPPED:
+        if status not in (codes.BLOCKED, codes.UNMAPPED, codes.LOCK_BUSY):
             self._raise_status(status)
         timeout = None if deadline is None else deadline - time.monotonic()
         pid = os.getpid()

@@ -18,6 +18,7 @@ import numpy as np
 from shmreplay import _layout as L
 from shmreplay import _inputs, _item_forms, errors, specs
 from shmreplay._item_checks import check_rows_fit, item_form, item_specs, validate_item
+from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
 from shmreplay._procs import PID as _PID
 from shmreplay._table_info import record_episode
@@ -396,6 +397,10 @@ def _commit(engine, slot, priority, entries, remember, form: int, episode):
     """Publishes the item in ``slot``; then the writer remembers where its steps went."""
     record_episode(engine, slot, episode)
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
+    if key == codes.LOCK_BUSY:  # (its holder is slow or stopped: wait, Ctrl-C works)
+        key = engine._commit_when_free(
+            lambda: kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB),
+            np.array([slot], np.int64), None, None)
     if key < 0:
         engine._raise_status(key)
     if form:  # (rare: most items are stored in the table's usual form)

@@ -53,11 +53,30 @@ def _or_unknown(value) -> str:
     return "?" if value is None else str(value)
 
 
+LOCK_WAIT = 1.0  # seconds a command waits for each table's lock before it reports it held
+
+
+def _table_infos(client):
+    """``{table: TableInfo, or the LockTimeoutError saying who holds its lock}``: a table
+    whose lock a stopped process holds is reported, never waited for."""
+    from shmreplay import errors
+    infos = {}
+    for engine in client._connected(0.0).engines:
+        try:
+            infos[engine.name] = engine.info(time.monotonic() + LOCK_WAIT, LOCK_WAIT)
+        except errors.LockTimeoutError as exc:
+            infos[engine.name] = exc
+    return infos
+
+
 def cmd_info(args, out):
     from shmreplay.client import Client
     with _attach(Client, args) as client:
         print(_info_owner(client, args.name), file=out)
-        for table, info in client.server_info().items():
+        for table, info in _table_infos(client).items():
+            if isinstance(info, Exception):
+                print(f"table {table}: LOCKED, nothing read: {info}", file=out)
+                continue
             limiter = info.rate_limiter_info
             print(f"table {table}: {info.current_size}/{info.max_size} items, "
                   f"sampler {info.sampler_options}, remover {info.remover_options}, "
@@ -100,10 +119,14 @@ def _info_owner(client, name) -> str:
 def cmd_verify(args, out):
     from shmreplay.client import Client
     status = 0
+    from shmreplay import errors
     with _attach(Client, args) as client:
-        for table in client.server_info():
-            problems = client.verify(table)
-            print(f"{table}: {'ok' if not problems else '; '.join(problems)}", file=out)
+        for engine in client._connected(0.0).engines:
+            try:
+                problems = engine.verify(time.monotonic() + LOCK_WAIT, LOCK_WAIT)
+            except errors.LockTimeoutError as exc:
+                problems = [f"LOCKED, not verified: {exc}"]
+            print(f"{engine.name}: {'ok' if not problems else '; '.join(problems)}", file=out)
             status |= bool(problems)
     return status
 
@@ -126,8 +149,11 @@ def _top_gone(client, name, inode):
 def _top_snapshot(client):
     """``{table: (info, can_insert, can_sample, insert_waiters, sample_waiters)}``, now."""
     snapshot = {}
-    for table, info in client.server_info().items():
+    for table, info in _table_infos(client).items():
         engine = client._engine(table)
+        if isinstance(info, Exception):
+            snapshot[table] = info
+            continue
         snapshot[table] = (info, engine.can_insert(1), engine.can_sample(1),
                            int(engine.ctrl[_layout.C_SPACE_WAITERS]),
                            int(engine.ctrl[_layout.C_ITEMS_WAITERS]))
@@ -155,6 +181,8 @@ def _top_frame(name, before, after, elapsed, interval):
     memory = _peek.format_bytes(_peek.memory(_peek.segments_of(name)))
     lines = [f"shmreplay top: {name}  {owner}  memory {memory}  "
              f"{time.strftime('%H:%M:%S')}  every {interval:g} s (Ctrl-C quits)"]
+    locked = {table: v for table, v in after.items() if isinstance(v, Exception)}
+    after = {table: v for table, v in after.items() if table not in locked}
     width = max([5] + [len(table) for table in after])
     sizes = {table: f"{v[0].current_size}/{v[0].max_size}" for table, v in after.items()}
     items_width = max([9] + [len(text) for text in sizes.values()])
@@ -162,7 +190,8 @@ def _top_frame(name, before, after, elapsed, interval):
                  f"{'SAMPLE/S':>10s} {'INSERTED':>11s} {'SAMPLED':>11s} {'DELETED':>11s}  "
                  "INSERTS | SAMPLES")
     for table, (info, can_insert, can_sample, insert_waiters, sample_waiters) in after.items():
-        old = before.get(table, (info,))[0]
+        old = before.get(table, (info,))
+        old = info if isinstance(old, Exception) else old[0]
         # The totals only grow (reset() keeps them); max() guards against anything else.
         insert_rate = max(0, info.num_inserted - old.num_inserted) / elapsed
         sample_rate = max(0, info.num_sampled - old.num_sampled) / elapsed
@@ -172,6 +201,8 @@ def _top_frame(name, before, after, elapsed, interval):
             f"{info.num_inserted:11d} {info.num_sampled:11d} {info.num_deleted:11d}  "
             f"{_top_limiter(can_insert, insert_waiters, info, True)} | "
             f"{_top_limiter(can_sample, sample_waiters, info, False)}")
+    for table, error in locked.items():
+        lines.append(f"{table}: LOCKED, nothing read: {error}")
     return "\n".join(lines) + "\n"
 
 

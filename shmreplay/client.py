@@ -8,6 +8,7 @@ import functools
 import numbers
 import os
 import threading
+import time
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
@@ -485,8 +486,12 @@ class Client:
         Raises:
           BufferNotReadyError: (a ``DeadlineExceededError``, as in Reverb) the buffer
             did not appear within ``timeout``.
+          LockTimeoutError: (a ``DeadlineExceededError`` too) a table's lock stayed held
+            by another process (a stopped one, say) for the rest of ``timeout``.
         """
-        return {engine.name: engine.info() for engine in self._connected(timeout).engines}
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        engines = self._connected(timeout).engines
+        return {engine.name: engine.info(deadline, timeout) for engine in engines}
 
 
 # --- input conversion ----------------------------------------------------------------------

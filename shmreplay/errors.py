@@ -9,6 +9,8 @@ The contract, in one place:
   A call rejected this way has changed nothing in the buffer.
 * ``DeadlineExceededError`` means a ``timeout`` ran out while a rate limiter (or a full
   table) blocked the call. It is also a ``TimeoutError``. Nothing was changed.
+  ``LockTimeoutError``, a ``DeadlineExceededError``, says the table's lock stayed held
+  by another process for the whole timeout, which process, and whether it is stopped.
 * ``TableNotFoundError`` is a ``RuntimeError`` (what Reverb's client raises for an
   unknown table), a ``ValueError`` (what Reverb's writers raise) and a ``KeyError``
   (what a Python user expects from a lookup).
@@ -38,6 +40,11 @@ class ShmReplayError(Exception):
 
 class DeadlineExceededError(ShmReplayError, TimeoutError):
     """A blocking call's ``timeout`` expired before it could proceed."""
+
+
+class LockTimeoutError(DeadlineExceededError):
+    """The table's lock stayed held by another process (often a stopped one: Ctrl-Z,
+    SIGSTOP, a debugger) for the whole timeout; nothing was changed."""
 
 
 class TableNotFoundError(ShmReplayError, RuntimeError, KeyError, ValueError):

@@ -11,6 +11,7 @@ buffer stays until removed by name.)
 
 import atexit
 import functools
+import logging
 import os
 import re
 import signal
@@ -18,10 +19,12 @@ import threading
 import weakref
 from typing import Optional, Sequence
 
-from shmreplay import (_address, _buffer, _checkpoint, _layout, _peek, _restore,
-                       _segment, _warmup,
+from shmreplay import (_address, _buffer, _checkpoint, _layout, _lock_waits, _peek, _restore,
+                       _segment, _termination, _warmup,
                        checkpointers, errors)
 from shmreplay.table import Table, validate_name
+
+_log = logging.getLogger("shmreplay")
 
 
 class Server:
@@ -101,6 +104,7 @@ class Server:
         self._tables = list(tables)
         self._owner_pid = os.getpid()
         self._stopped = threading.Event()
+        self._stop_lock = threading.RLock()
         restore = None if restoring is None else functools.partial(
             _restore_tables, restoring, reset_rate_limiter)
         root = None if checkpointer is None else checkpointer.path
@@ -150,12 +154,20 @@ class Server:
         Idempotent. Only the creating process removes anything: a forked child that
         inherited this object does nothing.
         """
+        with self._stop_lock:  # (SIGTERM's thread and the main thread may both stop it)
+            self._stop()
+
+    def _stop(self):
         if self._stopped.is_set() or os.getpid() != self._owner_pid:
             return
         self._stopped.set()
         buffer, self._buffer = self._buffer, None
         for engine in buffer.engines:
-            engine.close()
+            if not engine.close():
+                _log.warning(
+                    "shmreplay: stopping buffer '%s': table '%s' stayed locked by %s; it was "
+                    "marked closed without its lock", self._name, engine.name,
+                    _lock_waits.describe_holder(engine.ctrl))
         buffer.header["state"] = 2  # STATE_STOPPED: attaching clients are refused
         _buffer.unlink_all(self._name, len(self._tables))
         for table in self._tables:
@@ -349,6 +361,11 @@ def _register(server):
         for signum in (signal.SIGTERM, signal.SIGINT):
             if signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, _on_signal)
+        if signal.getsignal(signal.SIGTERM) is _on_signal:
+            # Also when the main thread waits in native code and cannot run the handler.
+            _termination.watch(signal.SIGTERM,
+                               lambda: signal.getsignal(signal.SIGTERM) is _on_signal,
+                               _stop_all)
 
 
 def _unregister(server):

@@ -26,6 +26,9 @@ UNMAPPED = -5  # the caller passed placeholder step arrays: map the data segment
 NO_ROWS = -6  # step storage cannot hold the item even with the table emptied
 UNFINISHED = -7  # sample_gather: the batch needs the general steps (details in its io)
 INVALID_PRIORITY = -8  # update_whole, reserve_whole: a priority is negative, NaN or too large
+# The table's lock stayed held for a whole ``_sync.LOCK_SLICE_NS``: nothing was done. The
+# caller checks its deadline (and Ctrl-C, and a stopped buffer) and calls again.
+LOCK_BUSY = -10
 
 # Crash points (tests only, ``shmreplay._crash_points``): places inside locked kernels
 # where an armed process stops itself, so a test can SIGKILL it there.

@@ -41,7 +41,9 @@ def _lock(ctrl, fctrl, meta, prio, trees, refs, rows):
         result = _sync.mutex_trylock(address)
         spins += 1
     if result == _sync.EBUSY:
-        result = _sync.mutex_lock(address)
+        result = _sync.timed_lock(address, _sync.LOCK_SLICE_NS)
+        if result == _sync.ETIMEDOUT:
+            return codes.LOCK_BUSY
     if result == _sync.EOWNERDEAD:
         items.rebuild(ctrl, fctrl, meta, prio, trees, refs, rows)
         ctrl[C_RECOVERIES] += 1
@@ -855,6 +857,16 @@ def close(ctrl, fctrl, meta, prio, trees, refs, rows):
     _sync.futex_wake_all(ctrl, C_ITEMS_SEQ)
     _sync.futex_wake_all(ctrl, C_SPACE_SEQ)
     return 0
+
+
+@kernel
+def wake_all(ctrl):
+    """Bumps both futex words and wakes every waiter, without the lock (``stop`` when a
+    stopped process holds it: waiters then see ``C_CLOSED``)."""
+    _bump(ctrl, C_ITEMS_SEQ)
+    _bump(ctrl, C_SPACE_SEQ)
+    _sync.futex_wake_all(ctrl, C_ITEMS_SEQ)
+    _sync.futex_wake_all(ctrl, C_SPACE_SEQ)
 
 
 @kernel

@@ -50,6 +50,7 @@ class Buffer:
     def close(self):
         """Unmaps this process's views of the buffer."""
         for engine in self.engines:
+            engine.closed_here = True  # (calls still blocked in it see this, and end)
             engine.detach()
         self.engines = []
         self.by_name = {}

@@ -98,10 +98,15 @@ class LockWait:
         """Returns if the caller should try again; raises if it must not.
 
         Raises:
+          ClosedError: this process closed its Client (another thread) meanwhile.
           BufferBrokenError: the buffer was stopped while the call waited.
           LockTimeoutError: the deadline passed.
         """
         engine = self.engine
+        if engine.closed_here:
+            raise errors.ClosedError(
+                f"Table '{engine.name}': its Client was closed (by another thread) while "
+                f"this {self.what} waited for the table's lock.")
         if engine.ctrl[L.C_CLOSED]:
             raise errors.BufferBrokenError(
                 f"Buffer '{engine.buffer_name}' was stopped by its owner (table "

@@ -74,6 +74,7 @@ class TableEngine(Inserting, Sampling):
         # Slots reserved by calls that gave up, and slots samples deleted but could not
         # free: both wait for the lock (``_settle_abandoned``).
         self._abandoned = []
+        self.closed_here = False  # this process's Client (or Server) closed its mapping
         self._undrained = []
         views = L.table_views(buf, region)
         self.ctrl = views.ctrl
@@ -428,6 +429,10 @@ class TableEngine(Inserting, Sampling):
                         f"Table '{self.name}': the rate limiter did not allow the {what} "
                         f"within the timeout of {errors.seconds(timeout)}.")
                 kernels.wait(self.ctrl, seq_word, io[0], int(remaining * 1e9), timespec)
+                if self.closed_here:
+                    raise errors.ClosedError(
+                        f"Table '{self.name}': its Client was closed (by another thread) "
+                        f"while this {what} waited.")
                 if inserting and time.monotonic() >= next_reclaim:
                     self.reclaim_dead_writers()
                     next_reclaim = time.monotonic() + RECLAIM_EVERY

@@ -37,8 +37,24 @@ def _after_layout_reset(call, *args):
 
 def _retried_after_layout_reset(method):
     @functools.wraps(method)
-    def call(*args, **kwargs):
-        return _after_layout_reset(lambda: method(*args, **kwargs))
+    def call(self, *args, **kwargs):
+        try:
+            return _after_layout_reset(lambda: method(self, *args, **kwargs))
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
+    return call
+
+
+def _closed_aware(method):
+    """``ClosedError`` for a call that another thread's ``close()`` cut short."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
     return call
 
 
@@ -116,8 +132,21 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
+    def _raise_if_closed(self, exc):
+        """Raises ``ClosedError`` instead of ``exc`` if this Client was closed meanwhile
+        (by another thread: the views ``exc`` tripped on were dropped under the call)."""
+        if self._closed and not isinstance(exc, errors.ClosedError):
+            raise errors.ClosedError(
+                f"Client for '{self._name}' was closed (by another thread) during this "
+                "call.") from exc
+
     def close(self):
-        """Unmaps the buffer from this process (the buffer itself stays)."""
+        """Unmaps the buffer from this process (the buffer itself stays).
+
+        Calls that other threads are making at that moment raise ``ClosedError``
+        (blocked ones within ``_sync.WAIT_SLICE``); the memory they use stays mapped
+        until they are done with it.
+        """
         self._closed = True
         with self._lock:
             buffer, self._buffer = self._buffer, None
@@ -175,6 +204,9 @@ class Client:
             return self._insert(data, priorities, timeout, batched=False)
         except errors.LayoutResetError:  # checked against a layout forgotten meanwhile
             return _after_layout_reset(self._insert, data, priorities, timeout, False)
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
 
     def insert_batch(self, data, priorities, timeout: Optional[float] = None):
         """Inserts ``B`` items into each table named in ``priorities``, atomically per table.
@@ -195,6 +227,9 @@ class Client:
             return self._insert_batch(data, priorities, timeout)
         except errors.LayoutResetError:  # checked against a layout forgotten meanwhile
             return _after_layout_reset(self._insert, data, priorities, timeout, True)
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
 
     def _insert_batch(self, data, priorities, timeout):
         if type(priorities) is dict and len(priorities) == 1:
@@ -306,6 +341,9 @@ class Client:
             return self._engine(table, timeout).sample(batch_size, timeout)
         except errors.LayoutResetError:
             return _after_layout_reset(self._engine(table).sample, batch_size, timeout)
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
 
     def sample(self, table: str, num_samples: int = 1, emit_timesteps: bool = True,
                timeout: Optional[float] = None, unpack_as_table_signature: bool = False
@@ -335,8 +373,12 @@ class Client:
         if int(num_samples) != num_samples or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}.")
         for _ in range(int(num_samples)):
-            engine = self._engine(table, timeout)
-            batch = _after_layout_reset(engine.sample, 1, timeout)
+            try:
+                engine = self._engine(table, timeout)
+                batch = _after_layout_reset(engine.sample, 1, timeout)
+            except Exception as exc:
+                self._raise_if_closed(exc)
+                raise
             info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
             columns = _item_forms.reverb_columns(engine, batch)
             # As in Reverb: unpacked only for a table with a signature, else flat.
@@ -407,6 +449,9 @@ class Client:
             return engine.update(keys.view(np.int64), prios)
         except errors.LayoutResetError:
             return _after_layout_reset(self.update_priorities, table, keys, priorities)
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
 
     @_retried_after_layout_reset
     def reset(self, table: str):
@@ -430,6 +475,7 @@ class Client:
         """
         return self._engine(table).verify()
 
+    @_closed_aware
     def checkpoint(self, path: Optional[str] = None, *, progress=None) -> str:
         """Writes a consistent snapshot of every table to a checkpoint file.
 
@@ -476,6 +522,7 @@ class Client:
             checkpointer.remove_older_than(summary.path)
         return summary.path
 
+    @_closed_aware
     def server_info(self, timeout: Optional[float] = None):
         """``{table_name: TableInfo}`` for every table.
 

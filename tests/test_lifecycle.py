@@ -406,3 +406,46 @@ def test_forked_child_exiting_through_interpreter_shutdown_keeps_the_buffer(buff
     assert size == 2  # make_server's item and the child's insert
     assert owner.exitcode == 0
     assert _all_removed(buffer_name), _segments(buffer_name)
+
+
+def test_close_from_another_thread_gives_concurrent_calls_closed_error(buffer_name):
+    """A Client closed by one thread while others use it: their calls end with
+    ClosedError (never a TypeError from a dropped view), and a call blocked on the rate
+    limiter ends too, within a wait slice."""
+    import threading
+    table = shmreplay.Table.queue("q", 100, signature=X8)
+    with shmreplay.Server([table, shmreplay.Table.queue("empty", 10, signature=X8)],
+                          name=buffer_name):
+        client = shmreplay.Client(buffer_name)
+        outcomes = {"busy": [], "blocked": []}
+        started = threading.Barrier(3)
+
+        def busy():
+            started.wait(10)
+            try:
+                while True:
+                    client.insert({"x": np.zeros(8)}, {"q": 1.0}, timeout=1)
+                    client.sample_batch("q", 1, timeout=1)
+                    client.update_priorities("q", np.zeros(0, np.uint64), np.zeros(0))
+            except Exception as exc:  # noqa: BLE001 (the type is the point)
+                outcomes["busy"].append(exc)
+
+        def blocked():
+            started.wait(10)
+            try:
+                client.sample_batch("empty", 1)  # waits for an item without limit
+            except Exception as exc:  # noqa: BLE001
+                outcomes["blocked"].append(exc)
+
+        threads = [threading.Thread(target=busy), threading.Thread(target=blocked)]
+        for thread in threads:
+            thread.start()
+        started.wait(10)
+        time.sleep(0.3)
+        client.close()
+        for thread in threads:
+            thread.join(5)
+            assert not thread.is_alive(), "a call did not end after close()"
+        for kind, errors_seen in outcomes.items():
+            assert len(errors_seen) == 1 and isinstance(errors_seen[0], errors.ClosedError), \
+                (kind, errors_seen)

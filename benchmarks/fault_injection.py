@@ -92,7 +92,7 @@ class Shared:
                                        index * ACKS_PER_WORKER + self.acked[index]]}
 
 
-def _timed(shared, index, call, timeout):
+def _timed(shared, index, call, timeout, allowance):
     """Runs ``call``; records whether it overran ``timeout`` (excused if this worker was
     stopped meanwhile). Returns its result, or None if it raised a timeout."""
     from shmreplay import errors
@@ -104,7 +104,7 @@ def _timed(shared, index, call, timeout):
         result = None
     took = time.monotonic() - started
     shared.calls[index] += 1
-    if took > timeout + ALLOWANCE:
+    if took > timeout + allowance:
         if shared.stops[index] != stops:
             shared.excused[index] += 1
         else:
@@ -116,7 +116,7 @@ def _timed(shared, index, call, timeout):
     return result
 
 
-def actor(name, index, shared, seed, base):
+def actor(name, index, shared, seed, base, allowance):
     import shmreplay
     client = shmreplay.Client(name)
     rng = random.Random(seed)
@@ -133,16 +133,16 @@ def actor(name, index, shared, seed, base):
         if count == 1:
             item = {"x": np.full(8, float(first)), "v": np.int64(first)}
             done = _timed(shared, index, lambda: client.insert(
-                item, {"t": 1.0}, timeout=timeout), timeout)
+                item, {"t": 1.0}, timeout=timeout), timeout, allowance)
         else:
             done = _timed(shared, index, lambda: client.insert_batch(
-                _items(values), {"t": np.full(count, 1.0)}, timeout=timeout), timeout)
+                _items(values), {"t": np.full(count, 1.0)}, timeout=timeout), timeout, allowance)
         if done is not None:
             shared.acknowledge(index, values)
         time.sleep(rng.random() * 0.004)
 
 
-def learner(name, index, shared, seed, base):
+def learner(name, index, shared, seed, base, allowance):
     import shmreplay
     client = shmreplay.Client(name)
     rng = random.Random(seed)
@@ -150,7 +150,7 @@ def learner(name, index, shared, seed, base):
     while True:
         timeout = rng.choice(TIMEOUTS)
         batch = _timed(shared, index, lambda: client.sample_batch("t", 32, timeout=timeout),
-                       timeout)
+                       timeout, allowance)
         if batch is None:
             continue
         data = batch.data
@@ -159,8 +159,9 @@ def learner(name, index, shared, seed, base):
                                  np.array([rng.uniform(0.5, 2.0) for _ in data["v"]]))
 
 
-def run(seconds=60.0, actors=3, learners=2, seed=0, name=None):
-    """The whole run; returns the figures (a dict) and raises nothing on a violation."""
+def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWANCE):
+    """The whole run; returns the figures (a dict) and raises nothing on a violation.
+    A call counts as an overrun when it took longer than its timeout + ``allowance``."""
     import shmreplay
     rng = random.Random(seed)
     name = name or f"faults-{os.getpid()}"
@@ -182,7 +183,7 @@ def run(seconds=60.0, actors=3, learners=2, seed=0, name=None):
             shared.ready[index] = 0
             process = SPAWN.Process(target=target, args=(
                 server.name, index, shared, rng.randrange(2 ** 31),
-                incarnations[0] * 10_000_000), daemon=True)
+                incarnations[0] * 10_000_000, allowance), daemon=True)
             process.start()
             return process
 
@@ -233,6 +234,7 @@ def run(seconds=60.0, actors=3, learners=2, seed=0, name=None):
         client.close()
     return {
         "seconds": seconds, "actors": actors, "learners": learners, "seed": seed,
+        "allowance_ms": allowance * 1000,
         **faults,
         "calls_with_timeout": int(sum(shared.calls)),
         "overruns": int(sum(shared.overruns)),

@@ -28,6 +28,10 @@ The protocol
   stamped with its pid (a sampler, DRAINING slots). A refused inserter (and ``verify``)
   checks those pids and frees the slots of dead processes (``reclaim``), with their
   row references, so their reservation never starves others.
+* **Stopped holder.** A holder that is stopped (SIGSTOP, Ctrl-Z, a debugger) keeps the
+  lock. Lockers sleep in ``pthread_mutex_timedlock`` for at most ``LOCK_SLICE_NS``, then
+  return ``LOCK_BUSY`` having changed nothing, and Python checks the caller's deadline,
+  Ctrl-C and a stopped buffer before trying again (``shmreplay._lock_waits``).
 * **Waiting never spins.** A call that the rate limiter blocks registers as a waiter
   and sleeps on a futex word (``C_ITEMS_SEQ`` for samplers, ``C_SPACE_SEQ`` for
   inserters) with the sequence value it read under the lock, so a change made after it
@@ -35,7 +39,8 @@ The protocol
   lock and, if waiters are registered, wakes them after unlocking. Sleeps are cut into
   slices of ``WAIT_SLICE`` seconds, so a waiter re-checks even if a waker died between
   bump and wake.
-* **Stop.** ``Server.stop`` sets ``C_CLOSED`` in every table, bumps and wakes both
+* **Stop.** ``Server.stop`` sets ``C_CLOSED`` in every table (without the lock if a
+  stopped process keeps it for a second), bumps and wakes both
   words, then unlinks the segments; blocked calls return ``BufferBrokenError``.
 
 This module holds the native primitives (declared as numba external functions so the

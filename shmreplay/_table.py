@@ -23,12 +23,13 @@ from shmreplay import (_batch_outputs, _data_segment, _lock_waits, _segment, _st
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
 from shmreplay import _table_info
-from shmreplay._table_inserts import RECLAIM_EVERY, Inserting
+from shmreplay._fast_leaves import UNSET, FastLeaves, fast_scalar_bounds, flat_access
+from shmreplay._table_inserts import Inserting
 from shmreplay._table_sampling import Sampling
+from shmreplay._table_waits import Waiting
 from shmreplay.replay_sample import TableInfo
 
 _seeded_pid = None
-_UNSET = object()
 _NO_KEYS = np.empty(0, np.int64)
 _WEIGH_UNLOCKED_FROM = 32  # keys per update (below: weights computed under the lock)
 # How long ``stop()`` waits for each table's lock before it marks the table closed
@@ -56,7 +57,7 @@ def _reseed_if_seeded():
 os.register_at_fork(after_in_child=_reseed_if_seeded)
 
 
-class TableEngine(Inserting, Sampling):
+class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
     """One process's handle on one table of a buffer."""
 
     def __init__(self, buffer_name: str, index: int, config, region: L.TableRegion, buf):
@@ -104,7 +105,7 @@ class TableEngine(Inserting, Sampling):
         self.treedef = None
         self.paths = None
         self.signature = None
-        self._flat_keys = _UNSET
+        self._flat_keys = UNSET
         if _seeded_pid != os.getpid():
             _seed_rng()
 
@@ -187,9 +188,9 @@ class TableEngine(Inserting, Sampling):
         # Per column, the Python scalars the fast path stores (others take the general
         # path, which applies ``specs.python_scalar_as`` and explains a refusal):
         # ints within an integer column's range, floats within a float column's.
-        self._fast_scalars = [_fast_scalar_bounds(dtype) for _, dtype in self._fast_specs]
+        self._fast_scalars = [fast_scalar_bounds(dtype) for _, dtype in self._fast_specs]
         self._batch_shapes = {}  # batch size -> each column's full shape
-        self._flat_keys = _flat_access(self.treedef)
+        self._flat_keys = flat_access(self.treedef)
         # ``leaves -> nest`` (a plain function: reused results keep it, not the engine)
         self._unflatten = _unflattener(self._flat_keys, self.treedef)
         if not storage.steps:
@@ -205,76 +206,6 @@ class TableEngine(Inserting, Sampling):
             # items too large to copy under the lock).
             self._stores = stores
             self._stagings = [] if _staging.Staging.fits(self.column_specs) else None
-
-    def fast_leaves(self, data):
-        """The leaves of ``data`` if they match the columns exactly, else None.
-
-        Covers the common actor case (a flat dict or tuple of arrays and Python
-        scalars) in a few hundred nanoseconds; anything else takes the general path,
-        which converts, validates and explains mismatches.
-        """
-        leaves = self._flat_leaves(data)
-        if leaves is None or self.storage.steps:
-            return None
-        for leaf, (shape, dtype), (ints, floats) in zip(leaves, self._fast_specs,
-                                                         self._fast_scalars):
-            kind = type(leaf)
-            if kind is np.ndarray:
-                if leaf.dtype is not dtype or leaf.shape != shape:
-                    return None
-            elif kind is float:
-                if not (floats is not None and -floats <= leaf <= floats):
-                    return None  # (nan and inf take the general path too)
-            elif kind is int:
-                if not (ints is not None and ints[0] <= leaf <= ints[1]):
-                    return None
-            elif kind is bool:
-                if dtype.kind != "b":
-                    return None
-            elif isinstance(leaf, np.generic):
-                if shape != () or leaf.dtype is not dtype:
-                    return None
-            else:
-                return None
-        return leaves
-
-    def fast_batch_leaves(self, data):
-        """``(leaves, B)`` if ``data`` is a flat batch of arrays matching the columns, else None."""
-        leaves = self._flat_leaves(data)
-        if leaves is None or self.storage.steps:
-            return None
-        first = leaves[0] if leaves else None
-        if type(first) is not np.ndarray or first.ndim == 0:
-            return None
-        count = first.shape[0]
-        shapes = self._batch_shapes.get(count)
-        if shapes is None:
-            if len(self._batch_shapes) > 64:
-                self._batch_shapes.clear()
-            shapes = self._batch_shapes[count] = [(count,) + shape
-                                                  for shape, _ in self._fast_specs]
-        for leaf, shape, (_, dtype) in zip(leaves, shapes, self._fast_specs):
-            if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != shape:
-                return None
-        return (leaves, count) if count > 0 else None
-
-    def _flat_leaves(self, data):
-        """The leaves of a flat dict or tuple in column order, or None (use optree)."""
-        keys = self._flat_keys
-        if keys is _UNSET:
-            if not self.has_columns():
-                return None
-            keys = self._flat_keys = _flat_access(self.treedef)
-        if type(data) is dict:
-            if not keys or len(data) != len(keys):
-                return None
-            try:
-                return [data[key] for key in keys]
-            except (KeyError, TypeError):
-                return None
-        if type(data) is tuple and keys is False and len(data) == len(self.column_specs):
-            return list(data)
-        return None
 
     def has_columns(self) -> bool:
         """Maps the storage if some process has defined it; False if none has yet.
@@ -339,116 +270,6 @@ class TableEngine(Inserting, Sampling):
                 _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
                 self._raise_status(codes.CLOSED)
             return
-
-    # --- blocking calls ---------------------------------------------------------------
-
-    def _raise_status(self, status):
-        if status == codes.NO_ROWS:
-            raise errors.SchemaError(
-                f"Table '{self.name}': an item references more distinct steps than its step "
-                f"storage can hold ({self.ctrl[L.C_ROW_CAPACITY]} rows, sized for "
-                f"{self.storage.steps_per_item} steps per item).")
-        if status == codes.CLOSED:
-            raise errors.BufferBrokenError(
-                f"Buffer '{self.buffer_name}' was stopped by its owner (table '{self.name}').")
-        raise errors.BufferBrokenError(
-            f"Table '{self.name}' of buffer '{self.buffer_name}' is corrupt (status {status}).")
-
-    def _call(self, kernel, *args):
-        """Calls a locked kernel; maps the step storage first if the kernel asks for it.
-        Waits for a busy lock without a limit (Ctrl-C interrupts it; a long wait is
-        logged, naming the holder)."""
-        return _lock_waits.call(self, None, None, None, kernel, *args)
-
-    def _map_step_storage(self):
-        """Maps the storage a kernel said we lack (``UNMAPPED``); it must exist by then.
-
-        Raises:
-          LayoutResetError: the layout this process mapped was forgotten (``reset``);
-            the mapping is dropped, and the caller starts again with the current one.
-        """
-        generation = int(self.ctrl[L.C_LAYOUT_GEN])
-        if generation != self.layout_gen:
-            self._drop_layout(generation)
-            raise errors.LayoutResetError(
-                f"Table '{self.name}' of buffer '{self.buffer_name}' was reset and its "
-                "layout forgotten during this call; call again.")
-        if not self.has_columns():
-            raise errors.BufferBrokenError(
-                f"Table '{self.name}' of buffer '{self.buffer_name}' stores steps, but its "
-                "data segment is missing or unfinished: the buffer is corrupt.")
-
-    def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None):
-        """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between.
-
-        A call that ends while registered as a waiter (Ctrl-C during the sleep, a lock
-        that stayed busy, a stopped buffer) withdraws its registration, so that
-        ``shmreplay top`` never counts a phantom waiter.
-        """
-        if io is None:
-            io = np.zeros(3, np.int64)
-        timespec = np.zeros(2, np.int64)
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        what = "insert" if inserting else "sample"
-        waiting = [0]  # registered as a waiter: the kernel's ``was_waiting`` next time
-        lock_wait = None
-        next_reclaim = time.monotonic() + RECLAIM_EVERY
-        try:
-            while True:
-                register = 0 if timeout is not None and timeout <= 0 else 1
-                status = call(*self.arrays, *make_args(waiting[0], register), io)
-                if status == codes.LOCK_BUSY:  # the kernel did nothing: still registered
-                    if lock_wait is None:
-                        lock_wait = _lock_waits.LockWait(self, deadline, timeout, what)
-                    lock_wait.again()
-                    continue
-                if status == codes.UNMAPPED:  # (refused before it withdrew anything)
-                    self._map_step_storage()
-                    continue
-                waiting[0] = 0  # the kernel withdrew it (and registers again if BLOCKED)
-                if status >= 0:
-                    return status
-                if status != codes.BLOCKED:
-                    self._raise_status(status)
-                waiting[0] = register
-                now = time.monotonic()
-                remaining = (_sync.WAIT_SLICE if deadline is None
-                             else min(deadline - now, _sync.WAIT_SLICE))
-                if remaining <= 0:
-                    if waiting[0]:
-                        waiting[0] = 0
-                        self._withdraw_waiter(waiters_word)
-                    if inserting and self.ctrl[L.C_PENDING] > 0 and now >= self._reclaim_at:
-                        # A call that does not wait (timeout 0) may be refused only because
-                        # a dead writer's reservation holds the room: free those (at most
-                        # every RECLAIM_EVERY s), then try once more.
-                        self._reclaim_at = now + RECLAIM_EVERY
-                        if self.reclaim_dead_writers():
-                            continue
-                    raise errors.DeadlineExceededError(
-                        f"Table '{self.name}': the rate limiter did not allow the {what} "
-                        f"within the timeout of {errors.seconds(timeout)}.")
-                kernels.wait(self.ctrl, seq_word, io[0], int(remaining * 1e9), timespec)
-                if self.closed_here:
-                    raise errors.ClosedError(
-                        f"Table '{self.name}': its Client was closed (by another thread) "
-                        f"while this {what} waited.")
-                if inserting and time.monotonic() >= next_reclaim:
-                    self.reclaim_dead_writers()
-                    next_reclaim = time.monotonic() + RECLAIM_EVERY
-        except BaseException:
-            if waiting[0]:
-                self._withdraw_waiter(waiters_word)
-            raise
-
-    def _withdraw_waiter(self, waiters_word):
-        """``unwait``; gives up after a second if the lock stays busy (the count is then
-        off by one until that waiter's process ends)."""
-        try:
-            _lock_waits.call(self, time.monotonic() + 1.0, 1.0, "withdrawal of a waiter",
-                             kernels.unwait, waiters_word)
-        except errors.ShmReplayError:
-            pass
 
     # --- the rest -----------------------------------------------------------------------
 
@@ -521,7 +342,7 @@ class TableEngine(Inserting, Sampling):
         self.detach()
         self.storage = self.signature = self.treedef = self.paths = None
         self.column_specs = self.forms = None
-        self._flat_keys = _UNSET
+        self._flat_keys = UNSET
         self.__dict__.pop("_split", None)
         self.layout_gen = generation
         self._table_offsets[kernels.TABLE_STAMP] = generation
@@ -668,30 +489,3 @@ def _unflattener(flat_keys, treedef):
     if flat_keys:
         return lambda leaves: dict(zip(flat_keys, leaves))
     return functools.partial(specs.optree.tree_unflatten, treedef)
-
-
-def _fast_scalar_bounds(dtype: np.dtype):
-    """``(int range or None, float bound or None)``: the Python ints and floats a column
-    of ``dtype`` takes on the fast path (ints stored exactly, floats rounded but
-    finite), as ``specs.python_scalar_as`` would."""
-    if dtype.kind in "iu":
-        return specs.int_range(dtype), None
-    if dtype.kind == "f":
-        exact = 2 ** (np.finfo(dtype).nmant + 1)  # every int up to it is a float exactly
-        return (-exact, exact), specs.float_max(dtype)
-    return None, None
-
-
-def _flat_access(treedef):
-    """How ``fast_leaves`` reads a flat nest: sorted dict keys, False for a flat tuple,
-    None when the nest is deeper (no fast path)."""
-    node = specs.optree.treespec_entries(treedef)
-    children = treedef.children()
-    # A None value is a node without leaves: entries and leaves would not pair up.
-    if any(child.num_nodes != 1 or child.num_leaves != 1 for child in children):
-        return None
-    if treedef.kind == specs.optree.PyTreeKind.DICT:
-        return list(node)
-    if treedef.kind == specs.optree.PyTreeKind.TUPLE:
-        return False
-    return None

@@ -207,6 +207,8 @@ def _call_every_kernel():
             engine.cancel(np.empty(0, np.int64))
             engine.can_insert(1), engine.can_sample(1)
             client.verify(engine.name)
+        from shmreplay._kernels import table as kernels
+        kernels.wake_all(client._engine("empty").ctrl)  # (stop()'s, when a lock stays held)
         path = client.checkpoint(os.path.join(directory, "warmup.ckpt"))
         client.reset("prioritized")
         with shmreplay.Server(name=name + "-restored", checkpoint=path):

@@ -4,7 +4,6 @@ The facade: it validates and converts user input, calls the table engines, and w
 results. No offsets, no locks, no numba here.
 """
 
-import functools
 import numbers
 import os
 import threading
@@ -14,48 +13,14 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from shmreplay import _address, _connect, _inputs, _inserting, _item_forms, errors
+from shmreplay._client_calls import (after_layout_reset as _after_layout_reset,
+                                     closed_aware as _closed_aware,
+                                     retried_after_layout_reset as _retried_after_layout_reset)
 from shmreplay._kernels import table as kernels
 from shmreplay._table import TableEngine
 from shmreplay.replay_sample import ReplaySample, SampleInfo
 
 _UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
-
-
-_LAYOUT_RETRIES = 5
-
-
-def _after_layout_reset(call, *args):
-    """``call(*args)``, again if a table's layout is forgotten under it (the call
-    starts afresh: checks and plans made for the old layout are dropped)."""
-    for attempt in range(_LAYOUT_RETRIES):
-        try:
-            return call(*args)
-        except errors.LayoutResetError:
-            if attempt == _LAYOUT_RETRIES - 1:
-                raise
-
-
-def _retried_after_layout_reset(method):
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        try:
-            return _after_layout_reset(lambda: method(self, *args, **kwargs))
-        except Exception as exc:
-            self._raise_if_closed(exc)
-            raise
-    return call
-
-
-def _closed_aware(method):
-    """``ClosedError`` for a call that another thread's ``close()`` cut short."""
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            self._raise_if_closed(exc)
-            raise
-    return call
 
 
 class Client:

@@ -121,7 +121,6 @@ def actor(name, index, shared, seed, base, allowance):
     client = shmreplay.Client(name)
     rng = random.Random(seed)
     first = base  # values unique to this incarnation
-    shared.ready[index] = 1
     while True:
         count = 1 if rng.random() < 0.7 else 4
         if shared.acked[index] + count > ACKS_PER_WORKER:
@@ -139,6 +138,7 @@ def actor(name, index, shared, seed, base, allowance):
                 _items(values), {"t": np.full(count, 1.0)}, timeout=timeout), timeout, allowance)
         if done is not None:
             shared.acknowledge(index, values)
+        shared.ready[index] = 1  # (after a first call: its kernels are loaded)
         time.sleep(rng.random() * 0.004)
 
 
@@ -146,11 +146,11 @@ def learner(name, index, shared, seed, base, allowance):
     import shmreplay
     client = shmreplay.Client(name)
     rng = random.Random(seed)
-    shared.ready[index] = 1
     while True:
         timeout = rng.choice(TIMEOUTS)
         batch = _timed(shared, index, lambda: client.sample_batch("t", 32, timeout=timeout),
                        timeout, allowance)
+        shared.ready[index] = 1
         if batch is None:
             continue
         data = batch.data
@@ -192,7 +192,7 @@ def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWAN
             ended = time.monotonic() + seconds
             stopped = {}  # index -> when to resume it
             while time.monotonic() < ended:
-                time.sleep(rng.uniform(0.002, 0.03))
+                time.sleep(rng.uniform(0.005, 0.05))
                 now = time.monotonic()
                 for index, when in list(stopped.items()):
                     if when <= now:
@@ -200,8 +200,8 @@ def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWAN
                         del stopped[index]
                 running = [i for i in range(len(workers))
                            if shared.ready[i] and i not in stopped]
-                if not running:  # (workers import and attach, about a second)
-                    continue
+                if not running or len(stopped) >= len(workers) // 2 + 1:
+                    continue  # (workers import and attach; some must keep running)
                 index = rng.choice(running)
                 process = workers[index]
                 if rng.random() < KILL_SHARE:

@@ -15,7 +15,7 @@ from typing import Dict
 
 import numpy as np
 
-from shmreplay import _item_forms, errors
+from shmreplay import _item_forms, _lock_waits, errors
 from shmreplay import _layout as L
 from shmreplay._kernels import codes, table as kernels
 
@@ -60,6 +60,7 @@ def snapshot_table(engine) -> TableSnapshot:
     between the lock and the ``try`` could leave the lock held by a live process.
     """
     room = rows_room = 0
+    lock_wait = None
     for attempt in itertools.count():
         engine.has_columns()
         storage = engine.storage
@@ -73,9 +74,15 @@ def snapshot_table(engine) -> TableSnapshot:
         with _HeldQuietly():
             started = time.perf_counter()
             try:
-                count = engine._call(kernels.hold_items, out.slots, out.fields, out.priority)
+                # One try: a busy lock is waited for below, outside the quiet block, where
+                # Ctrl-C works (its holder may be a stopped process).
+                count = _lock_waits.call(engine, time.monotonic(), 0.0, "checkpoint",
+                                         kernels.hold_items, out.slots, out.fields,
+                                         out.priority)
             except errors.LayoutResetError:  # reset meanwhile: look at the table again
                 continue
+            except errors.LockTimeoutError:
+                count = codes.LOCK_BUSY
             if count >= 0:
                 try:
                     stored_rows = int(engine.ctrl[L.C_ROW_FRESH])
@@ -92,6 +99,11 @@ def snapshot_table(engine) -> TableSnapshot:
                     kernels.release_hold(engine.ctrl)
                 held = time.perf_counter() - started
         if count is None:
+            continue
+        if count == codes.LOCK_BUSY:
+            if lock_wait is None:
+                lock_wait = _lock_waits.LockWait(engine, None, None, "checkpoint")
+            lock_wait.again()
             continue
         if count <= _TOO_SMALL:
             room = _room(-count + _TOO_SMALL, engine.capacity, attempt + 1)

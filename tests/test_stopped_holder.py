@@ -140,6 +140,19 @@ def test_a_call_without_timeout_waits_but_ctrl_c_interrupts_it(held):
     assert done == [None]
 
 
+def test_a_checkpoint_waits_for_the_holder_but_ctrl_c_interrupts_it(held, tmp_path):
+    _, client, holder = held
+    timer = _interrupt_after(0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            client.checkpoint(str(tmp_path / "a.ckpt"))
+    finally:
+        timer.cancel()
+    holder.resume()
+    path = client.checkpoint(str(tmp_path / "b.ckpt"))
+    assert os.path.getsize(path) > 0
+
+
 def test_a_slow_wait_is_logged_with_the_holder(held, caplog, monkeypatch):
     _, client, holder = held
     from shmreplay import _lock_waits

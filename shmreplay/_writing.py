@@ -11,6 +11,7 @@ Items the rate limiter does not admit yet wait in the writer, in creation order
 """
 
 import os
+import time
 from typing import List
 
 import numpy as np
@@ -306,7 +307,7 @@ def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], pri
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember, plan.form, episode)
+    return _commit(engine, slot, priority, entries, remember, plan.form, episode, timeout)
 
 
 def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float, timeout):
@@ -375,7 +376,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember, plan.form, episode)
+    return _commit(engine, slot, priority, entries, remember, plan.form, episode, timeout)
 
 
 def _reserve(engine, known, ref_steps, timeout):
@@ -393,14 +394,19 @@ def _reserve(engine, known, ref_steps, timeout):
     return slot, got_rows.tolist(), fresh.tolist()
 
 
-def _commit(engine, slot, priority, entries, remember, form: int, episode):
-    """Publishes the item in ``slot``; then the writer remembers where its steps went."""
+def _commit(engine, slot, priority, entries, remember, form: int, episode, timeout):
+    """Publishes the item in ``slot``; then the writer remembers where its steps went.
+
+    If the table's lock stays held for ``timeout`` (a stopped process holds it), the
+    slot is given up and ``LockTimeoutError`` raised: the item is not in the table, and
+    the writer keeps it to insert again, as after a timeout of the rate limiter."""
     record_episode(engine, slot, episode)
     key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
-    if key == codes.LOCK_BUSY:  # (its holder is slow or stopped: wait, Ctrl-C works)
+    if key == codes.LOCK_BUSY:  # (its holder is slow or stopped)
         key = engine._commit_when_free(
             lambda: kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB),
-            np.array([slot], np.int64), None, None)
+            np.array([slot], np.int64),
+            None if timeout is None else time.monotonic() + max(0.0, timeout), timeout)
     if key < 0:
         engine._raise_status(key)
     if form:  # (rare: most items are stored in the table's usual form)
@@ -460,6 +466,7 @@ def _insert_whole(engine, columns, priority, timeout, form: int, episode):
     except BaseException:
         engine.cancel(slots)
         raise
-    key = int(engine.commit(slots, np.array([priority], np.float64))[0])
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    key = int(engine.commit(slots, np.array([priority], np.float64), deadline, timeout)[0])
     _item_forms.record(engine, key, form)
     return key

@@ -102,11 +102,21 @@ def test_every_call_with_a_timeout_honours_it_and_names_the_stopped_holder(held)
         message = _raises_within(call, seconds)
         assert f"process {holder.pid}" in message and "stopped" in message, message
         assert "kill -CONT" in message
+    # A writer's item waits in the writer; its flush honours its timeout.
+    writer = client.trajectory_writer(2)
+    for value in (-3, -4):
+        writer.append({"x": np.full(8, float(value)), "v": np.int64(value)})
+    writer.create_item("t", 1.0, {"x": writer.history["x"][-1], "v": writer.history["v"][-1]})
+    _raises_within(lambda: writer.flush(timeout_ms=300), 0.3, errors.DeadlineExceededError)
     # A LockTimeoutError is a DeadlineExceededError (Reverb's type for a timeout).
     assert issubclass(errors.LockTimeoutError, errors.DeadlineExceededError)
     # Nothing those calls did is left behind once the holder goes on.
     holder.resume()
-    assert client.server_info(timeout=5)["t"].current_size >= 10
+    writer.flush(timeout_ms=5000)  # the item it kept goes in now
+    writer.close()
+    from shmreplay import _snapshot
+    values = _snapshot.snapshot_table(client._engine("t")).arrays["store0"]  # column v
+    assert -4 in values.tolist() and -1 not in values.tolist()  # (-1: the timed-out insert)
     assert client.verify("t") == []
     assert client.sample_batch("t", 4, timeout=5).data["v"].shape == (4,)
 

@@ -66,7 +66,7 @@ class StoppedHolder:
 
 @pytest.fixture
 def held(buffer_name):
-    server = shmreplay.Server([_table()], name=buffer_name)
+    server = shmreplay.Server([_table(max_size=100_000)], name=buffer_name)
     client = shmreplay.Client(buffer_name)
     client.insert_batch(CW.items(np.arange(10)), {"t": 1.0})
     holder = StoppedHolder(server)

@@ -92,7 +92,7 @@ class Shared:
                                        index * ACKS_PER_WORKER + self.acked[index]]}
 
 
-def _timed(shared, index, call, timeout, allowance):
+def _timed(shared, index, call, timeout, allowance, what="call"):
     """Runs ``call``; records whether it overran ``timeout`` (excused if this worker was
     stopped meanwhile). Returns its result, or None if it raised a timeout."""
     from shmreplay import errors
@@ -111,7 +111,7 @@ def _timed(shared, index, call, timeout, allowance):
             shared.overruns[index] += 1
             shared.worst_us[index] = max(shared.worst_us[index],
                                          int((took - timeout) * 1e6))
-            print(f"overrun: worker {index} pid {os.getpid()} {getattr(call, 'what', '?')} "
+            print(f"overrun: worker {index} pid {os.getpid()} {what} "
                   f"timeout {timeout} took {took:.3f} s", file=sys.stderr, flush=True)
     return result
 
@@ -132,10 +132,11 @@ def actor(name, index, shared, seed, base, allowance):
         if count == 1:
             item = {"x": np.full(8, float(first)), "v": np.int64(first)}
             done = _timed(shared, index, lambda: client.insert(
-                item, {"t": 1.0}, timeout=timeout), timeout, allowance)
+                item, {"t": 1.0}, timeout=timeout), timeout, allowance, "insert")
         else:
             done = _timed(shared, index, lambda: client.insert_batch(
-                _items(values), {"t": np.full(count, 1.0)}, timeout=timeout), timeout, allowance)
+                _items(values), {"t": np.full(count, 1.0)}, timeout=timeout), timeout, allowance,
+                          "insert_batch")
         if done is not None:
             shared.acknowledge(index, values)
         shared.ready[index] = 1  # (after a first call: its kernels are loaded)
@@ -149,7 +150,7 @@ def learner(name, index, shared, seed, base, allowance):
     while True:
         timeout = rng.choice(TIMEOUTS)
         batch = _timed(shared, index, lambda: client.sample_batch("t", 32, timeout=timeout),
-                       timeout, allowance)
+                       timeout, allowance, "sample_batch")
         shared.ready[index] = 1
         if batch is None:
             continue

@@ -18,7 +18,7 @@ import time
 import cloudpickle
 
 from shmreplay import _layout as L
-from shmreplay import _segment, errors
+from shmreplay import _procs, _segment, errors
 from shmreplay._procs import start_time
 from shmreplay._kernels import codes
 from shmreplay._table import TableEngine
@@ -93,6 +93,7 @@ def create(name: str, configs, mode: int = 0o600, checkpoint_root=None,
         header["total_bytes"] = plan.total_bytes
         header["owner_pid"] = os.getpid()
         header["owner_start"] = start_time(os.getpid())
+        header["owner_ns"] = _procs.NS[0]
         header["owner_uid"] = os.getuid()
         header["state"] = L.STATE_CREATING
         header["num_tables"] = len(configs)

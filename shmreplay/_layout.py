@@ -54,7 +54,8 @@ from shmreplay._kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 5  # 4: the episodes array; 5: item forms and layout stamps
+LAYOUT_VERSION = 6  # 4: the episodes array; 5: item forms and layout stamps;
+# 6: writer stamps and the owner carry their pid namespace (``shmreplay._procs``)
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -78,6 +79,7 @@ HEADER = np.dtype([
     ("tables_offset", "<i8"),
     ("created_ns", "<i8"),
     ("segment_mode", "<i8"),    # 0o600, or 0o660 when shared with the owner's group
+    ("owner_ns", "<i8"),        # the owner's pid namespace (``shmreplay._procs``; 0: unknown)
 ])
 HEADER_SIZE = 256
 assert HEADER.itemsize <= HEADER_SIZE

@@ -19,7 +19,9 @@ The rules, as for ``shmreplay._buffer.attach``:
 * Death is a fact or nothing: an owner is *dead* only if its recorded pid (with its
   recorded start time, against pid reuse) is not running. A header that records no
   pid (a buffer being created) cannot be judged, and neither can a segment that is
-  not a readable buffer of this layout version: ``alive`` is None for those.
+  not a readable buffer of this layout version: ``alive`` is None for those. Nor can an
+  owner in another pid namespace (a container sharing ``/dev/shm`` but not pids), whose
+  pid means nothing here (``shmreplay._procs``): ``alive`` is None, ``other_ns`` True.
 """
 
 import dataclasses
@@ -32,7 +34,7 @@ import numpy as np
 
 from shmreplay import _layout as L
 from shmreplay._kernels import codes
-from shmreplay._procs import pid_alive
+from shmreplay import _procs
 
 SHM_DIR = "/dev/shm"
 _OPEN_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
@@ -53,13 +55,16 @@ class Peek:
       exists: Its header segment is in /dev/shm.
       problem: Why it is not a readable buffer of this layout version (None if it is).
       pid: The owner's pid (None when unknown).
-      alive: Whether the owner runs; None when that cannot be judged.
+      alive: Whether the owner runs; None when that cannot be judged (then ``problem``
+        says why).
       state: ``"creating"``, ``"active"`` or ``"stopped"`` (None when unknown).
       tables: The number of tables (None when not readable).
       items: The items in all tables now (None when not readable).
       uid: The uid owning the segment (None when it does not exist).
       inode: The header segment's inode (None when it does not exist): ``gc`` and
         ``rm`` remove nothing if the name has been given to a new buffer meanwhile.
+      other_ns: The owner runs in another pid namespace (or one that cannot be known),
+        so whether it lives cannot be judged from here.
     """
 
     name: str
@@ -72,15 +77,22 @@ class Peek:
     items: Optional[int] = None
     uid: Optional[int] = None
     inode: Optional[int] = None
+    other_ns: bool = False
 
     @property
     def status(self) -> str:
-        """One word for ``ls``: dead, alive, creating, stopped, or ``?``."""
+        """One word for ``ls``: dead, alive, creating, stopped, other-ns, or ``?``."""
+        if self.other_ns:
+            return "other-ns"
         if self.alive is None:
             return "?"
         if not self.alive:
             return "dead"
         return "alive" if self.state == "active" else self.state
+
+
+OTHER_NS = ("its owner runs in another pid namespace (another container?), where its "
+            "pid cannot be checked from here; run this in the owner's pid namespace")
 
 
 def header_path(name: str) -> str:
@@ -129,7 +141,10 @@ def _read(name: str, fd: int, with_tables: bool) -> Peek:
     pid, start = int(header["owner_pid"]), int(header["owner_start"])
     if pid <= 0:
         return Peek(**found, problem="its header names no owner yet (being created)")
-    alive = pid_alive(pid, start)
+    namespace = int(header["owner_ns"])
+    alive = _procs.judge(pid, namespace, start)
+    if alive is None:
+        found.update(other_ns=True, problem=OTHER_NS)
     state = _STATES.get(int(header["state"]), "?")
     counts = _table_counts(fd, header, info.st_size) if with_tables else None
     tables, items = counts if counts is not None else (None, None)

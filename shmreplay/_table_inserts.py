@@ -7,7 +7,6 @@ its process until committed or cancelled; a writer that dies holding one is foun
 (``kernels.insert_staged``), batches two (``reserve_whole``, ``commit_whole``).
 """
 
-import os
 import time
 
 import numpy as np
@@ -16,7 +15,7 @@ from shmreplay import _layout as L
 from shmreplay import _lock_waits, _staging, errors
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
-from shmreplay._procs import PID as _PID, pid_alive
+from shmreplay._procs import STAMP as _STAMP, writer_alive
 
 RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
 _SCRATCH_IO = np.zeros(2, np.int64)  # for calls that never wait (its content is unused)
@@ -49,7 +48,7 @@ class Inserting:
                     row[0] = leaf
                 key = kernels.insert_staged(self._header_bytes, self._table_offsets,
                                             self._data_bytes, staging.block, staging.layout,
-                                            priority, _PID[0], _SCRATCH_PROB)
+                                            priority, _STAMP[0], _SCRATCH_PROB)
             finally:
                 stagings.append(staging)
             if key > 0:
@@ -57,7 +56,7 @@ class Inserting:
             if key != codes.BLOCKED and key != codes.LOCK_BUSY:
                 self._raise_status(key)
         deadline = _deadline(timeout)
-        slot = kernels.reserve_one(*self.arrays, os.getpid())
+        slot = kernels.reserve_one(*self.arrays, _STAMP[0])
         if slot < 0:
             if slot != codes.BLOCKED and slot != codes.LOCK_BUSY:
                 self._raise_status(slot)
@@ -68,10 +67,11 @@ class Inserting:
         except BaseException:
             self.cancel(np.array([slot]))
             raise
-        key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB)
+        key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB, _STAMP[0])
         if key == codes.LOCK_BUSY:
             key = self._commit_when_free(
-                lambda: kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB),
+                lambda: kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB,
+                                           _STAMP[0]),
                 np.array([slot]), deadline, timeout)
         if key < 0:
             self._raise_status(key)
@@ -87,7 +87,7 @@ class Inserting:
         work = np.empty(5 * count + 1, np.int64)  # slots, run start, commit's scratch
         deadline = _deadline(timeout)
         status = kernels.reserve_whole(self._header_bytes, self._table_offsets, count,
-                                       priorities, self.max_priority, _PID[0], work,
+                                       priorities, self.max_priority, _STAMP[0], work,
                                        _SCRATCH_IO)
         if status == codes.INVALID_PRIORITY:
             return None
@@ -109,11 +109,11 @@ class Inserting:
             raise
         keys = np.empty(count, np.uint64)
         status = kernels.commit_whole(self._header_bytes, self._table_offsets, work, count,
-                                      priorities, keys, _SCRATCH_PROB)
+                                      priorities, keys, _SCRATCH_PROB, _STAMP[0])
         if status == codes.LOCK_BUSY:
             status = self._commit_when_free(
                 lambda: kernels.commit_whole(self._header_bytes, self._table_offsets, work,
-                                             count, priorities, keys, _SCRATCH_PROB),
+                                             count, priorities, keys, _SCRATCH_PROB, _STAMP[0]),
                 work[:count].copy(), deadline, timeout)
         if status < 0:
             self._raise_status(status)
@@ -145,12 +145,12 @@ class Inserting:
             if slots:
                 _lock_waits.call(self, time.monotonic() + 0.1, 0.1, "cancel", kernels.cancel,
                                  np.array(slots, np.int64),
-                                 np.full(len(slots), os.getpid(), np.int64))
+                                 np.full(len(slots), _STAMP[0], np.int64))
                 slots = []
             while undrained:
                 drained_slots, versions = undrained[-1]
                 _lock_waits.call(self, time.monotonic() + 0.1, 0.1, "release",
-                                 kernels.release_drained, drained_slots, versions, _PID[0])
+                                 kernels.release_drained, drained_slots, versions, _STAMP[0])
                 undrained.pop()
         except errors.LockTimeoutError:
             self._abandoned.extend(slots)
@@ -161,9 +161,9 @@ class Inserting:
         if self._abandoned or self._undrained:
             self._settle_abandoned()
         slots = np.empty(n, np.int64)
-        pid = os.getpid()
+        stamp = _STAMP[0]
         self._blocking(kernels.reserve, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
-                       lambda was_waiting, register: (n, pid, was_waiting, register, slots))
+                       lambda was_waiting, register: (n, stamp, was_waiting, register, slots))
         return slots
 
     def write(self, slots, leaves, batched: bool):
@@ -193,10 +193,10 @@ class Inserting:
         distinct = known_rows.shape[0]
         rows = np.empty(distinct, np.int64)
         fresh = np.empty(distinct, np.int64)
-        pid = os.getpid()
+        stamp = _STAMP[0]
         slot = self._blocking(
             kernels.reserve_item, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
-            lambda was_waiting, register: (known_rows, known_gens, ref_steps, pid, was_waiting,
+            lambda was_waiting, register: (known_rows, known_gens, ref_steps, stamp, was_waiting,
                                            register, rows, fresh))
         return slot, rows, fresh
 
@@ -286,27 +286,32 @@ class Inserting:
     def commit(self, slots, priorities, deadline=None, timeout=None):
         keys = np.empty(len(slots), np.int64)
         touched = np.empty((2, 2 * len(slots)), np.int64)
-        status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB, touched)
+        status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB, touched,
+                                _STAMP[0])
         if status == codes.LOCK_BUSY:
             status = self._commit_when_free(
                 lambda: kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
-                                       touched),
+                                       touched, _STAMP[0]),
                 slots, deadline, timeout)
         if status < 0:
             self._raise_status(status)
         return keys.view(np.uint64)
 
     def cancel(self, slots):
-        self._call(kernels.cancel, slots, np.full(len(slots), os.getpid(), np.int64))
+        self._call(kernels.cancel, slots, np.full(len(slots), _STAMP[0], np.int64))
 
     def reclaim_dead_writers(self) -> int:
-        """Frees slots reserved by writers that died before committing them."""
+        """Frees slots reserved by writers that died before committing them.
+
+        Only writers of this process's pid namespace are judged: another namespace's
+        slots stay reserved (``shmreplay._procs``; the docs' "pid namespaces").
+        """
         if self._abandoned or self._undrained:
             self._settle_abandoned()
         slots = np.empty(self.capacity, np.int64)
-        pids = np.empty(self.capacity, np.int64)
-        count = kernels.writing_slots(*self.arrays, slots, pids)
-        dead = [i for i in range(max(count, 0)) if not pid_alive(int(pids[i]))]
+        stamps = np.empty(self.capacity, np.int64)
+        count = kernels.writing_slots(*self.arrays, slots, stamps)
+        dead = [i for i in range(max(count, 0)) if writer_alive(int(stamps[i])) is False]
         if not dead:
             return 0
-        return self._call(kernels.cancel, slots[dead], pids[dead])
+        return self._call(kernels.cancel, slots[dead], stamps[dead])

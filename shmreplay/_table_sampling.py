@@ -8,7 +8,6 @@ whole items take one native call (``kernels.sample_gather``); the rest go the ge
 way, which may wait for the rate limiter.
 """
 
-import os
 import time
 
 import numpy as np
@@ -17,7 +16,7 @@ from shmreplay import _layout as L
 from shmreplay import _lock_waits, _outputs, errors
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
-from shmreplay._procs import PID as _PID
+from shmreplay._procs import STAMP as _STAMP
 from shmreplay.replay_sample import ReplaySample, SampleInfo
 
 
@@ -38,7 +37,7 @@ class Sampling:
                 try:
                     # One native call draws, copies and re-checks the batch.
                     status = kernels.sample_gather(self._header_bytes, self._table_offsets,
-                                                   batch_size, _PID[0], self._data_bytes,
+                                                   batch_size, _STAMP[0], self._data_bytes,
                                                    outputs.block, outputs.layout)
                     if status == batch_size:
                         return outputs.result(batch_size)
@@ -90,7 +89,7 @@ class Sampling:
         out_f = np.empty((kernels.OUT_FLOAT_ROWS, batch_size), np.float64)
         out_gens = np.empty((batch_size, self.refs.shape[1]), np.int32)
         io = np.zeros(3, np.int64)
-        count = kernels.sample(*self.arrays, batch_size, _PID[0], 0, 0, out_i, out_f, out_gens,
+        count = kernels.sample(*self.arrays, batch_size, _STAMP[0], 0, 0, out_i, out_f, out_gens,
                                io)
         count, data = self._complete(batch_size, count, out_i, out_f, out_gens, io, deadline,
                                      self._gather)
@@ -137,12 +136,12 @@ class Sampling:
     def _release_drained(self, slots, versions, deadline):
         """Frees the slots this call deleted once copied; if the lock stays held until
         ``deadline``, later (``_settle_abandoned``), so that the sample is not lost."""
-        status = kernels.release_drained(*self.arrays, slots, versions, _PID[0])
+        status = kernels.release_drained(*self.arrays, slots, versions, _STAMP[0])
         if status != codes.LOCK_BUSY:
             return
         try:
             _lock_waits.call(self, deadline, None, "sample", kernels.release_drained, slots,
-                             versions, _PID[0])
+                             versions, _STAMP[0])
         except errors.LockTimeoutError:
             self._undrained.append((slots.copy(), versions.copy()))
 
@@ -172,7 +171,7 @@ class Sampling:
         if status not in (codes.BLOCKED, codes.UNMAPPED, codes.LOCK_BUSY):
             self._raise_status(status)
         timeout = None if deadline is None else deadline - time.monotonic()
-        pid = os.getpid()
+        pid = _STAMP[0]  # (DRAINING slots record it; release_drained checks it)
         return self._blocking(
             kernels.sample, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ, timeout, False,
             lambda was_waiting, register: (batch_size, pid, was_waiting, register, out_i,
@@ -215,7 +214,7 @@ class Sampling:
         redraws in 0.9 s. Only items deleted by someone else are torn: the ones this call
         deletes (``max_times_sampled``) stay DRAINING until it is done. Returns how many
         redrawn items this call deleted."""
-        pid = os.getpid()
+        pid = _STAMP[0]  # (DRAINING slots record it; release_drained checks it)
         drained = 0
         new_i = np.empty((kernels.OUT_INT_ROWS, 1), np.int64)
         new_f = np.empty((kernels.OUT_FLOAT_ROWS, 1), np.float64)

@@ -25,6 +25,13 @@ class Waiting:
                 f"Table '{self.name}': an item references more distinct steps than its step "
                 f"storage can hold ({self.ctrl[L.C_ROW_CAPACITY]} rows, sized for "
                 f"{self.storage.steps_per_item} steps per item).")
+        if status == codes.LOST:
+            raise errors.ReservationLostError(
+                f"Table '{self.name}' of buffer '{self.buffer_name}': this writer's reserved "
+                "slot was freed by another process that judged the writer dead, so the item "
+                "was not inserted (the table is intact); insert it again. If this recurs, "
+                "run every process of the buffer in one pid namespace (docs/design.md, "
+                "'Pid namespaces').")
         if status == codes.CLOSED:
             raise errors.BufferBrokenError(
                 f"Buffer '{self.buffer_name}' was stopped by its owner (table '{self.name}').")

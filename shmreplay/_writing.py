@@ -21,7 +21,7 @@ from shmreplay import _inputs, _item_forms, errors, specs
 from shmreplay._item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._kernels import codes
 from shmreplay._kernels import table as kernels
-from shmreplay._procs import PID as _PID
+from shmreplay._procs import STAMP as _STAMP
 from shmreplay._table_info import record_episode
 
 _SCRATCH_PROB = np.empty(2, np.float64)
@@ -349,7 +349,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
             known_gens[i] = entry[1]
             complete[i] = entry[2] == full
     ref_steps = plan.uniform_refs(n)
-    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_steps, _PID[0],
+    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_steps, _STAMP[0],
                                 0, 0, out_rows, out_fresh, _SCRATCH_IO)
     if slot < 0:  # blocked (or not mapped yet): the engine waits, maps, or explains
         slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_steps, timeout)
@@ -387,7 +387,7 @@ def _reserve(engine, known, ref_steps, timeout):
     out = np.empty(2 * distinct, np.int64)
     got_rows, fresh = out[:distinct], out[distinct:]
     slot = kernels.reserve_item(*engine.arrays, known[:distinct], known[distinct:], ref_steps,
-                                _PID[0], 0, 0, got_rows, fresh, _SCRATCH_IO)
+                                _STAMP[0], 0, 0, got_rows, fresh, _SCRATCH_IO)
     if slot < 0:  # blocked (or not mapped yet): the engine waits, maps, or explains
         slot, got_rows, fresh = engine.reserve_item(known[:distinct], known[distinct:],
                                                     ref_steps, timeout)
@@ -401,10 +401,11 @@ def _commit(engine, slot, priority, entries, remember, form: int, episode, timeo
     slot is given up and ``LockTimeoutError`` raised: the item is not in the table, and
     the writer keeps it to insert again, as after a timeout of the rate limiter."""
     record_episode(engine, slot, episode)
-    key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB)
+    key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB, _STAMP[0])
     if key == codes.LOCK_BUSY:  # (its holder is slow or stopped)
         key = engine._commit_when_free(
-            lambda: kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB),
+            lambda: kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB,
+                                       _STAMP[0]),
             np.array([slot], np.int64),
             None if timeout is None else time.monotonic() + max(0.0, timeout), timeout)
     if key < 0:

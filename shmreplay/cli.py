@@ -103,13 +103,16 @@ def cmd_info(args, out):
 
 def _info_owner(client, name) -> str:
     """The first line of ``info``: the owner, and what a dead one means."""
-    from shmreplay._procs import pid_alive
+    from shmreplay._procs import judge
     header = client._buffer.header
     pid, start = int(header["owner_pid"][0]), int(header["owner_start"][0])
+    alive = judge(pid, int(header["owner_ns"][0]), start)
     del header  # no view may outlive the mapping when the client closes
     memory = _peek.format_bytes(_peek.memory(_peek.segments_of(name)))
     memory = f"{memory} in memory (all its segments, as ls and top count it)"
-    if pid_alive(pid, start):
+    if alive is None:
+        return f"buffer {name}: owner {pid}: {_peek.OTHER_NS}; {memory}"
+    if alive:
         return f"buffer {name}: owner {pid} alive; {memory}"
     return (f"buffer {name}: owner {pid} is DEAD: it was killed before it could remove "
             "the buffer. The tables below are as it left them; `shmreplay gc` removes the "

@@ -18,6 +18,9 @@ The contract, in one place:
   it again.
 * ``BufferBrokenError``: the buffer broke underneath you: its owner stopped and removed
   it, or it is corrupt. The OS error, if any, is the ``__cause__``.
+* ``ReservationLostError`` (a ``BufferBrokenError``): another process freed the slot
+  this writer had reserved, judging the writer dead; that one item was not inserted,
+  the table is intact, and inserting again works.
 * ``BufferNotFoundError``: no buffer of that name exists on this machine.
   ``BufferNotReadyError``, also a ``DeadlineExceededError``, is the one a Client's call
   raises after waiting for its buffer up to its ``timeout`` (Reverb's lazy connection).
@@ -60,6 +63,12 @@ class ClosedError(ShmReplayError, RuntimeError):
 
 class BufferBrokenError(ShmReplayError, RuntimeError):
     """The buffer was removed by its owner, or is corrupt."""
+
+
+class ReservationLostError(BufferBrokenError):
+    """A writer's reserved slot was freed under it (its process was judged dead by
+    another); its item was not inserted, nothing else changed. A ``BufferBrokenError``,
+    so code that handles the buffer breaking under it handles this too."""
 
 
 class BufferNotFoundError(ShmReplayError, FileNotFoundError):

@@ -232,6 +232,9 @@ def _name_taken(name: str) -> errors.BufferExistsError:
     elif seen.alive:
         owner = (f"its owner, pid {seen.pid}, is alive. Pick another name (name=None picks "
                  "a unique one), or stop that Server first")
+    elif seen.other_ns:
+        owner = (f"its owner, pid {seen.pid} of another pid namespace (another container?), "
+                 "cannot be checked from here. Pick another name, or stop that Server")
     elif seen.alive is False:
         owner = (f"its owner, pid {seen.pid}, is dead: it was killed before it could "
                  f"remove the buffer. `shmreplay gc` removes the buffers of dead owners "

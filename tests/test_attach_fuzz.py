@@ -44,7 +44,7 @@ FUZZ = settings(max_examples=120, derandomize=True, deadline=None, database=None
 LOCATING = ("magic", "layout_version", "header_size", "total_bytes", "num_tables",
             "config_offset", "config_len", "tables_offset", "segment_mode")
 # Header fields that only describe (who created it, when): a change must not matter.
-DESCRIBING = ("owner_pid", "owner_start", "owner_uid", "created_ns")
+DESCRIBING = ("owner_pid", "owner_start", "owner_uid", "created_ns", "owner_ns")
 DATA_FIELDS = ("magic", "layout_version", "complete", "schema_len", "total_bytes")
 # Control words fixed at creation that kernels index with.
 STATIC_WORDS = (L.C_CAPACITY, L.C_MAX_SIZE, L.C_SAMPLER_KIND, L.C_REMOVER_KIND,

@@ -641,7 +641,8 @@ class ItemArrays:
         """reserve + commit of one item (evicts with the remover); returns its key."""
         slot = table_kernels.reserve_one(*self.arrays, os.getpid())
         assert slot >= 0, f"reserve_one -> {slot}"
-        key = table_kernels.commit_one(*self.arrays, slot, float(priority), np.empty(2))
+        key = table_kernels.commit_one(*self.arrays, slot, float(priority), np.empty(2),
+                                       os.getpid())
         assert key > 0, f"commit_one -> {key}"
         return int(key)
 

@@ -14,7 +14,7 @@ import pytest
 
 import shmreplay
 from shmreplay import _layout as L
-from shmreplay import _storage, errors, rate_limiters, selectors, specs
+from shmreplay import _procs, _storage, errors, rate_limiters, selectors, specs
 from shmreplay._kernels import rows as row_kernels
 from shmreplay._kernels import table as kernels
 import _names
@@ -69,7 +69,7 @@ class StepTable:
         if not commit:
             self.engine.cancel(np.array([slot]))
             return None
-        key = kernels.commit_one(*self.engine.arrays, slot, 1.0, np.empty(2))
+        key = kernels.commit_one(*self.engine.arrays, slot, 1.0, np.empty(2), _procs.STAMP[0])
         assert key > 0
         self.items[int(key)] = [list(c) for c in columns]
         return int(key)

@@ -27,7 +27,7 @@ import _mp_workers as W
 import _writer_workers as WW
 import shmreplay
 from shmreplay import _layout as L
-from shmreplay import errors, rate_limiters, selectors
+from shmreplay import _procs, errors, rate_limiters, selectors
 from shmreplay._kernels import codes
 
 pytestmark = pytest.mark.slow
@@ -302,7 +302,7 @@ def test_writer_killed_between_reserve_and_commit_is_reclaimed_by_a_refused_inse
             with W.processes(writer):
                 slot = W.get(queue, 30, "hanging")
                 assert engine.meta[slot, L.M_STATE] == codes.WRITING
-                assert engine.meta[slot, L.M_WRITER] == writer.pid
+                assert engine.meta[slot, L.M_WRITER] == _procs.stamp_of(writer.pid, _procs.NS[0])
                 assert W.kill_and_reap(writer) == -signal.SIGKILL
             engine.has_columns()
             assert _pending(engine) == 1
@@ -317,7 +317,7 @@ def test_writer_killed_between_reserve_and_commit_is_reclaimed_by_a_refused_inse
             assert elapsed < 1.0, f"the insert took {elapsed:.3f} s"
             assert _pending(engine) == 0
             assert engine.meta[slot, L.M_STATE] != codes.WRITING or \
-                engine.meta[slot, L.M_WRITER] != writer.pid
+                engine.meta[slot, L.M_WRITER] != _procs.stamp_of(writer.pid, _procs.NS[0])
             assert client.verify("q") == []
             info = client.server_info()["q"]
             assert info.current_size == 4

@@ -29,6 +29,7 @@ INVALID_PRIORITY = -8  # update_whole, reserve_whole: a priority is negative, Na
 # The table's lock stayed held for a whole ``_sync.LOCK_SLICE_NS``: nothing was done. The
 # caller checks its deadline (and Ctrl-C, and a stopped buffer) and calls again.
 LOCK_BUSY = -10
+LOST = -9  # commit: a reserved slot is no longer the caller's (freed as a dead writer's)
 
 # Crash points (tests only, ``shmreplay._crash_points``): places inside locked kernels
 # where an armed process stops itself, so a test can SIGKILL it there.

@@ -158,16 +158,23 @@ def reserve(ctrl, fctrl, meta, prio, trees, refs, rows, n, pid, was_waiting, reg
 
 
 @kernel
-def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_keys, io, touched):
+def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_keys, io, touched,
+           stamp):
     """Publishes written slots as items, then evicts with the remover while over max_size.
 
     ``touched`` is int64 scratch ``[2, 2 * len(slots)]``: when only the sampler is
     Prioritized, its sum-tree is updated once for all added and evicted slots.
+    ``stamp`` is the caller's writer stamp: if a slot is no longer WRITING for it (it
+    was freed as a dead writer's), nothing is published, the caller's other slots are
+    freed, and ``LOST`` is returned.
     """
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
     n = slots.shape[0]
+    for i in range(n):
+        if not _owns(meta, slots[i], stamp):
+            return _drop_lost(ctrl, meta, refs, rows, slots, stamp)
     batch_tree = (ctrl[C_SAMPLER_KIND] == codes.PRIORITIZED
                   and ctrl[C_REMOVER_KIND] != codes.PRIORITIZED)
     ctrl[C_COMMIT_MARK] = ctrl[C_ORDER_SEQ] + 1  # a crash before the end rolls it back
@@ -197,6 +204,30 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
         _bump(ctrl, C_SPACE_SEQ)
     _unlock_and_wake(ctrl, True, evicted > 0)
     return evicted
+
+
+@kernel
+def _owns(meta, slot, stamp):
+    """Whether ``slot`` is still reserved by the writer ``stamp`` (under the lock)."""
+    return meta[slot, M_STATE] == codes.WRITING and meta[slot, M_WRITER] == stamp
+
+
+@kernel
+def _drop_lost(ctrl, meta, refs, rows, slots, stamp):
+    """A commit found a slot it no longer owns: frees the batch's slots it still owns
+    (nothing of the batch is published), unlocks; returns ``LOST``."""
+    freed = 0
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        if _owns(meta, slot, stamp):
+            meta[slot, M_STATE] = codes.FREE
+            items.free_slot(ctrl, meta, refs, rows, slot)
+            ctrl[C_PENDING] -= 1
+            freed += 1
+    if freed:
+        _bump(ctrl, C_SPACE_SEQ)
+    _unlock_and_wake(ctrl, False, freed > 0)
+    return codes.LOST
 
 
 @kernel
@@ -302,11 +333,15 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
 
 
 @kernel
-def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io):
-    """``commit`` of one slot: returns the new key (> 0), or a negative status."""
+def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io, stamp):
+    """``commit`` of one slot: returns the new key (> 0), or a negative status (``LOST``
+    if the slot is no longer WRITING for ``stamp``)."""
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
+    if not _owns(meta, slot, stamp):
+        _unlock(ctrl)
+        return codes.LOST
     return _commit_one_locked(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io)
 
 
@@ -364,8 +399,9 @@ def insert_staged(segment, table, data, staging, layout, priority, pid, io):
 def cancel(ctrl, fctrl, meta, prio, trees, refs, rows, slots, pids):
     """Frees reserved slots that were never committed (a failed insert, or a dead writer).
 
-    A slot is freed only if it is still WRITING for the same pid. Also frees DRAINING
-    slots of that pid (a sampler that died while copying them).
+    A slot is freed only if it is still WRITING for the same writer stamp (``pids``:
+    ``shmreplay._procs.STAMP``). Also frees DRAINING slots of that stamp (a sampler that
+    died while copying them).
     """
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
@@ -658,16 +694,16 @@ def reserve_whole(segment, table, n, priorities, largest, pid, work, io):
 
 
 @kernel
-def commit_whole(segment, table, work, n, priorities, out_keys, io):
+def commit_whole(segment, table, work, n, priorities, out_keys, io, stamp):
     """``commit`` of the slots ``reserve_whole`` put in ``work[:n]``, after the caller
     wrote them; ``out_keys`` (uint64) receives the keys. Returns the evicted count or a
-    status."""
+    status (``LOST``: see ``commit``)."""
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
     if n < 1 or work.shape[0] < 5 * n + 1 or out_keys.shape[0] < n or priorities.shape[0] < n:
         return BROKEN
     touched = work[n + 1:5 * n + 1].reshape((2, 2 * n))
     return commit(ctrl, fctrl, meta, prio, trees, refs, rows, work[:n], priorities,
-                  out_keys[:n].view(np.int64), io, touched)
+                  out_keys[:n].view(np.int64), io, touched, stamp)
 
 
 @kernel
@@ -962,7 +998,8 @@ def restore_items(ctrl, fctrl, meta, prio, trees, refs, rows, slots, keys, order
 
 @kernel
 def writing_slots(ctrl, fctrl, meta, prio, trees, refs, rows, out_slots, out_pids):
-    """Lists the WRITING and DRAINING slots and their processes' pids (to find dead ones)."""
+    """Lists the WRITING and DRAINING slots and their processes' writer stamps (to find
+    dead ones)."""
     status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status

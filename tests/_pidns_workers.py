@@ -29,13 +29,14 @@ def actor(name):
     """Inserts items 0 and 1, reserves a slot for item 2 and holds it until told to
     commit (a writer with an item under way), then commits it."""
     import shmreplay
-    from shmreplay import _procs, errors
+    from shmreplay import _layout as L, errors
     client = shmreplay.Client(name)
     engine = client._engine("q")
     keys = [int(client.insert({"id": np.int64(i)}, {"q": 1.0}, timeout=5)["q"])
             for i in range(2)]
     slots = engine.reserve(1, timeout=5)
-    _say(pid=os.getpid(), stamp=_procs.STAMP[0], keys=keys, slot=int(slots[0]))
+    _say(pid=os.getpid(), stamp=int(engine.meta[slots[0], L.M_WRITER]), keys=keys,
+         slot=int(slots[0]))
     _wait_for("commit")
     engine.write(slots, [np.int64(2)], False)
     try:

@@ -25,9 +25,10 @@ The protocol
   the slot states (which are written last, so they are always meaningful), marks the
   mutex consistent and goes on. Nobody waits for a dead process.
 * **Dead writer.** A writer that dies between reserve and commit leaves WRITING slots
-  stamped with its pid (a sampler, DRAINING slots). A refused inserter (and ``verify``)
-  checks those pids and frees the slots of dead processes (``reclaim``), with their
-  row references, so their reservation never starves others.
+  stamped with its pid and pid namespace (a sampler, DRAINING slots). A refused
+  inserter (and ``verify``) checks the pids of its own namespace and frees the slots of
+  dead processes (``reclaim``, ``shmreplay._procs``), with their row references, so
+  their reservation never starves others. A commit checks its slots are still its own.
 * **Stopped holder.** A holder that is stopped (SIGSTOP, Ctrl-Z, a debugger) keeps the
   lock. Lockers sleep in ``pthread_mutex_timedlock`` for at most ``LOCK_SLICE_NS``, then
   return ``LOCK_BUSY`` having changed nothing, and Python checks the caller's deadline,

@@ -433,7 +433,8 @@ class Client:
         """Checks a table's invariants (sum-trees, heaps, lists, counters, slot states).
 
         First frees the slots that writers reserved and then died holding (they are never
-        visible as items, but count against the rate limiter until freed).
+        visible as items, but count against the rate limiter until freed); only writers
+        of this process's pid namespace are judged (docs/design.md, "Pid namespaces").
 
         Returns:
           A list of problems, empty when the table is consistent.

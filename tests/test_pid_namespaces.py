@@ -256,6 +256,23 @@ def test_a_trajectory_writer_whose_slot_was_freed_raises_and_can_go_on(buffer_na
         client.close()
 
 
+@needs_unshare
+def test_a_process_whose_proc_shows_another_namespace_judges_nobody():
+    """``unshare --pid`` without ``--mount-proc``: ``/proc`` still shows this namespace's
+    pids, so the inner process's namespace is unknown (0), and its stamps are judged by
+    nobody."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(shmreplay.__file__)))
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c",
+         "import os; from shmreplay import _procs; "
+         "print(os.getpid(), _procs.NS[0], _procs.STAMP[0], _procs.judge(os.getpid(), 0))"],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    pid, namespace, stamp, judged = done.stdout.split()
+    assert (pid, namespace, stamp, judged) == ("1", "0", "1", "None")
+    assert _procs.writer_alive(int(stamp)) is None  # pid 1 runs here, but is not judged
+
+
 def test_stamps_carry_the_namespace_and_foreign_ones_are_not_judged():
     pid, namespace = _procs.split_stamp(_procs.STAMP[0])
     assert pid == os.getpid() and namespace == _procs.NS[0]

@@ -53,7 +53,8 @@ class Peek:
     Attributes:
       name: The buffer's name.
       exists: Its header segment is in /dev/shm.
-      problem: Why it is not a readable buffer of this layout version (None if it is).
+      problem: Why it is not a readable buffer of this layout version, or why its
+        owner cannot be judged (None if neither).
       pid: The owner's pid (None when unknown).
       alive: Whether the owner runs; None when that cannot be judged (then ``problem``
         says why).

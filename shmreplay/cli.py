@@ -357,10 +357,11 @@ def main(argv=None, out=None):
     commands.add_parser(
         "ls", help="list buffers on this machine",
         description="List the buffers in /dev/shm: owner pid; STATE alive, dead (gc "
-                    "removes it), creating, stopped, or ? (not a buffer this shmreplay can "
-                    "read); tables; items now; MEMORY, what the buffer's segments occupy "
-                    "now (pages written so far, not the size reserved), the figure top "
-                    "and info show too.").set_defaults(run=cmd_ls)
+                    "removes it), creating, stopped, other-ns (the owner runs in another "
+                    "pid namespace: not judged from here), or ? (not a buffer this "
+                    "shmreplay can read); tables; items now; MEMORY, what the buffer's "
+                    "segments occupy now (pages written so far, not the size reserved), "
+                    "the figure top and info show too.").set_defaults(run=cmd_ls)
     info = commands.add_parser("info", help="tables, sizes, counters and rate-limiter state")
     info.add_argument("name")
     info.set_defaults(run=cmd_info)

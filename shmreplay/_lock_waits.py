@@ -34,16 +34,21 @@ def lock_holder(ctrl) -> int:
     return int(ctrl.view(np.int32)[0]) & _FUTEX_TID_MASK
 
 
-def describe_holder(ctrl) -> str:
-    """Which process holds the lock in ``ctrl``, and whether it is stopped, in words."""
+def describe_holder(ctrl, buffer_name=None) -> str:
+    """Which process holds the lock in ``ctrl``, and whether it is stopped, in words.
+
+    The mutex records a thread id of the holder's pid namespace. When ``buffer_name`` is
+    given, a process that does not map that buffer here is not taken for the holder:
+    the holder then lives in another pid namespace (a container), where that id means
+    another process."""
     tid = lock_holder(ctrl)
     if tid == 0:
         return "another process (it was released meanwhile)"
     status = _proc_status(tid)
-    if status is None:
-        return (f"thread {tid}, which this process cannot see (another pid namespace, or "
-                "it just exited)")
-    pid = status.get("Tgid", str(tid))
+    pid = None if status is None else status.get("Tgid", str(tid))
+    if status is None or (buffer_name is not None and not _maps_buffer(pid, buffer_name)):
+        return (f"thread {tid} of its pid namespace, a process this one cannot see (it "
+                "runs in another pid namespace, say another container, or just exited)")
     name = status.get("Name", "?")
     who = f"process {pid} ({name}" + (f", thread {tid})" if str(tid) != pid else ")")
     state = status.get("State", "")
@@ -51,6 +56,19 @@ def describe_holder(ctrl) -> str:
         return (f"{who}, which is stopped ({state}): Ctrl-Z, kill -STOP or a debugger. "
                 f"`kill -CONT {pid}` resumes it, `kill {pid}` ends it and frees the lock")
     return f"{who}, state {state or 'unknown'}"
+
+
+def _maps_buffer(pid, buffer_name: str) -> bool:
+    """Whether process ``pid`` maps buffer ``buffer_name``'s header segment (True when
+    that cannot be read: no evidence against it)."""
+    path = "/dev/shm" + L.header_segment_name(buffer_name)
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            wanted = path.encode()
+            return any(line.rstrip().endswith(wanted) or wanted + b" " in line
+                       for line in maps)
+    except OSError:
+        return True
 
 
 def holder_stopped(ctrl) -> bool:
@@ -116,14 +134,14 @@ class LockWait:
             raise errors.LockTimeoutError(
                 f"Table '{engine.name}': the {self.what} could not take the table's lock "
                 f"within the timeout of {errors.seconds(self.timeout)}: it is held by "
-                f"{describe_holder(engine.ctrl)}.")
+                f"{describe_holder(engine.ctrl, engine.buffer_name)}.")
         if self.deadline is None and now - self.started >= LOG_AFTER and (
                 self.logged_at is None or now - self.logged_at >= LOG_EVERY):
             self.logged_at = now
             _log.warning("shmreplay: %s on table '%s' of buffer '%s' (pid %d) has waited "
                          "%.0f s for the table's lock, held by %s", self.what, engine.name,
                          engine.buffer_name, os.getpid(), now - self.started,
-                         describe_holder(engine.ctrl))
+                         describe_holder(engine.ctrl, engine.buffer_name))
 
 
 def call(engine, deadline, timeout, what: str, kernel, *args):

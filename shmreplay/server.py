@@ -167,7 +167,7 @@ class Server:
                 _log.warning(
                     "shmreplay: stopping buffer '%s': table '%s' stayed locked by %s; it was "
                     "marked closed without its lock", self._name, engine.name,
-                    _lock_waits.describe_holder(engine.ctrl))
+                    _lock_waits.describe_holder(engine.ctrl, self._name))
         buffer.header["state"] = 2  # STATE_STOPPED: attaching clients are refused
         _buffer.unlink_all(self._name, len(self._tables))
         for table in self._tables:

@@ -270,14 +270,18 @@ def test_the_operators_commands_report_the_stopped_holder_instead_of_hanging(hel
 
 def test_a_holder_id_that_names_no_process_of_this_buffer_is_not_blamed(buffer_name):
     """The mutex records a thread id of the holder's pid namespace. Seen from another
-    container that id may name an unrelated process (here: pid 1): it is not named."""
+    container that id may name an unrelated process (here: a `sleep`): it is not named."""
     from shmreplay import _lock_waits
-    with shmreplay.Server([_table()], name=buffer_name) as server:
-        client = shmreplay.Client(server.name)
-        fake = np.zeros(8, np.int64)
-        fake.view(np.int32)[0] = 1  # "held by tid 1", which maps no shmreplay buffer
-        text = _lock_waits.describe_holder(fake, server.name)
-        assert "another pid namespace" in text and "process 1 " not in text, text
-        fake.view(np.int32)[0] = os.getpid()  # this process maps the buffer
-        assert f"process {os.getpid()} " in _lock_waits.describe_holder(fake, server.name)
-        client.close()
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        with shmreplay.Server([_table()], name=buffer_name) as server:
+            fake = np.zeros(8, np.int64)
+            fake.view(np.int32)[0] = other.pid  # "held by" a process that maps no buffer
+            text = _lock_waits.describe_holder(fake, server.name)
+            assert "another pid namespace" in text and f"{other.pid} (" not in text, text
+            fake.view(np.int32)[0] = os.getpid()  # this process maps the buffer
+            assert f"process {os.getpid()} " in _lock_waits.describe_holder(fake,
+                                                                             server.name)
+    finally:
+        other.kill()
+        other.wait(5)

@@ -384,7 +384,8 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
                  checks.TREE: "sum-tree does not match the priorities",
                  checks.HEAP: "heap order or positions broken",
                  checks.COUNTERS: "rate-limiter or pending counters inconsistent",
-                 checks.ROWS: "step rows' reference counts or free list inconsistent"}
+                 checks.ROWS: "step rows' reference counts or free list inconsistent",
+                 checks.CTRL: "a control word is out of range (corrupt control block)"}
         return [text for bit, text in names.items() if status & bit]
 
     def can_insert(self, n: int) -> bool:

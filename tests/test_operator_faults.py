@@ -4,6 +4,7 @@ use them, ``gc`` while servers start, ``verify`` on corrupt control words, and n
 out of range.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -76,3 +77,30 @@ def test_table_refuses_sizes_out_of_range(argument, value, error):
     with pytest.raises(error, match=f"(?s)'t'.*{argument}"):
         shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(),
                         rate_limiter=rate_limiters.MinSize(1), **kwargs)
+
+
+# --- point 11: verify on the corruption it exists to find --------------------------------
+
+WORKERS = os.path.join(os.path.dirname(__file__), "_operator_workers.py")
+
+
+def test_verify_reports_corrupt_words_and_never_crashes(buffer_name):
+    """Control words and slot fields set to 2**40 or negative: ``verify()`` and
+    ``shmreplay verify`` report a problem for each; the process survives (before: SIGSEGV
+    on C_HEAD or C_FRESH = 2**40)."""
+    worker = subprocess.Popen([sys.executable, WORKERS, "corrupt_and_verify", buffer_name],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = worker.stdout.readline()
+        assert line, f"the worker died (exit {worker.wait(timeout=30)})"
+        unreported = [r[:4] for r in json.loads(line) if not r[4]]
+        assert not unreported
+        assert worker.stdout.readline().strip() == "corrupt"
+        cli = subprocess.run([sys.executable, "-m", "shmreplay.cli", "verify", buffer_name],
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 1, (cli.returncode, cli.stderr)
+        assert "p: " in cli.stdout and "insertion-order list" in cli.stdout
+        assert "h: ok" in cli.stdout and "s: ok" in cli.stdout
+    finally:
+        worker.communicate("\n", timeout=60)
+    assert worker.returncode == 0

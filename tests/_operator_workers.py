@@ -1,0 +1,79 @@
+"""Processes for test_operator_faults: run as ``python tests/_operator_workers.py WHAT ...``
+(a real process, so that a crash fails the test instead of killing pytest)."""
+
+import json
+import sys
+
+import numpy as np
+
+import shmreplay
+from shmreplay import _layout as L, rate_limiters, selectors
+
+HUGE = 2**40
+
+# (table, where, word or (field, row), value): every corruption verify must report.
+CORRUPTIONS = [
+    *[("p", "ctrl", word, value) for word in (L.C_FRESH, L.C_HEAD, L.C_SIZE, L.C_TREE_LEAVES)
+      for value in (HUGE, -7)],
+    ("p", "meta", (L.M_NEXT, "head"), HUGE), ("p", "meta", (L.M_LIVE_POS, "head"), HUGE),
+    ("p", "meta", (L.M_LIVE_POS, "head"), -HUGE),
+    *[("h", "ctrl", word, value) for word in (L.C_HEAP_N0, L.C_FRESH) for value in (HUGE, -7)],
+    ("h", "meta", (L.M_HEAP0, 0), HUGE), ("h", "meta", (L.M_HEAP0, 1), -HUGE),
+    *[("s", "ctrl", word, value) for word in (L.C_FRESH, L.C_ROW_FRESH, L.C_ROW_FREE_HEAD)
+      for value in (HUGE, -7)],
+]
+
+
+def _fill(name):
+    """A Server with a prioritized table, a heap table and a table of shared steps."""
+    tables = [shmreplay.Table("p", selectors.Prioritized(0.8), selectors.Fifo(), 16,
+                              rate_limiters.MinSize(1)),
+              shmreplay.Table("h", selectors.MinHeap(), selectors.Fifo(), 16,
+                              rate_limiters.MinSize(1)),
+              shmreplay.Table("s", selectors.Uniform(), selectors.Fifo(), 16,
+                              rate_limiters.MinSize(1))]
+    server = shmreplay.Server(tables, name=name)
+    client = shmreplay.Client(name)
+    for i in range(6):
+        client.insert({"x": np.full(2, i, np.float32)}, {"p": 1.0 + i, "h": 5.0 - i})
+    with client.trajectory_writer(num_keep_alive_refs=3) as writer:
+        for i in range(6):
+            writer.append({"x": np.full(2, i, np.float32)})
+            if i >= 2:
+                writer.create_item("s", 1.0, {"x": writer.history["x"][-3:]})
+    return server, client
+
+
+def corrupt_and_verify(name):
+    """Damages one word at a time, runs verify, puts the word back; prints what verify
+    said about each damage (JSON), then ``shmreplay verify`` on one more."""
+    server, client = _fill(name)
+    results = []
+    try:
+        assert all(not client.verify(t) for t in ("p", "h", "s")), "not clean to begin with"
+        for table, where, place, value in CORRUPTIONS:
+            engine = client._engine(table)
+            if where == "ctrl":
+                array, index = engine.ctrl, place
+            else:
+                field, row = place
+                row = int(engine.ctrl[L.C_HEAD]) if row == "head" else row
+                array, index = engine.meta, (row, field)
+            saved = int(array[index])
+            array[index] = value
+            try:
+                results.append([table, where, str(place), value, client.verify(table)])
+            finally:
+                array[index] = saved
+            assert not client.verify(table), f"{table} {place}: not clean after restoring"
+        print(json.dumps(results), flush=True)
+        client._engine("p").ctrl[L.C_HEAD] = HUGE  # for the command line, in the test
+        print("corrupt", flush=True)
+        sys.stdin.readline()
+    finally:
+        client.close()
+        server.stop()
+
+
+if __name__ == "__main__":
+    {"corrupt_and_verify": corrupt_and_verify}[sys.argv[1]](*sys.argv[2:])

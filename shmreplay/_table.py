@@ -159,7 +159,12 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
           BufferNotFoundError: if it does not exist (any more).
           LayoutMismatchError: if it is refused, foreign, truncated or inconsistent.
         """
-        found = _data_segment.attach(self)
+        try:
+            found = _data_segment.attach(self)
+        except errors.BufferNotFoundError:
+            if self.ctrl[L.C_CLOSED]:  # removed with its buffer (stop, gc, rm)
+                self._raise_status(codes.CLOSED)
+            raise
         if found is None:
             return False
         try:

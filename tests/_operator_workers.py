@@ -75,5 +75,37 @@ def corrupt_and_verify(name):
         server.stop()
 
 
+def own(name):
+    """Owns a buffer with one item, then sleeps until killed."""
+    server = shmreplay.Server([shmreplay.Table.queue("t", 100)], name=name)
+    shmreplay.Client(name).insert({"x": np.zeros(2, np.float32)}, {"t": 1.0})
+    print("ready", flush=True)
+    sys.stdin.readline()
+    server.stop()
+
+
+def attached(name):
+    """A Client attached by name that runs one call per line read: ``insert``,
+    ``sample`` (of what is there) or ``wait`` (a sample that blocks up to 10 s); answers
+    ``ok`` or the error's type name."""
+    client = shmreplay.Client(name)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        try:
+            if line.strip() == "insert":
+                client.insert({"x": np.ones(2, np.float32)}, {"t": 1.0})
+            elif line.strip() == "sample":
+                client.sample_batch("t", 1, timeout=1.0)
+            elif line.strip() == "wait":
+                client.sample_batch("t", 1, timeout=10.0)
+            else:
+                break
+            print("ok", flush=True)
+        except Exception as exc:  # the test reads which
+            print(type(exc).__name__, flush=True)
+    client.close()
+
+
 if __name__ == "__main__":
-    {"corrupt_and_verify": corrupt_and_verify}[sys.argv[1]](*sys.argv[2:])
+    {"corrupt_and_verify": corrupt_and_verify, "own": own,
+     "attached": attached}[sys.argv[1]](*sys.argv[2:])

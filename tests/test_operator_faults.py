@@ -6,6 +6,7 @@ out of range.
 
 import json
 import os
+import select
 import subprocess
 import sys
 
@@ -104,3 +105,108 @@ def test_verify_reports_corrupt_words_and_never_crashes(buffer_name):
     finally:
         worker.communicate("\n", timeout=60)
     assert worker.returncode == 0
+
+
+# --- point 7: no ghost buffers after gc or rm ----------------------------------------------
+
+class _Worker:
+    """A ``_operator_workers`` process driven line by line; every answer has a deadline."""
+
+    def __init__(self, *args):
+        self.process = subprocess.Popen([sys.executable, WORKERS, *args], text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.answer(60) == "ready"
+
+    def answer(self, timeout=10.0) -> str:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, f"no answer within {timeout} s"
+        return self.process.stdout.readline().strip()
+
+    def call(self, command, timeout=10.0) -> str:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.answer(timeout)
+
+    def end(self):
+        if self.process.poll() is None:
+            try:
+                self.process.communicate("quit\n", timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def _cli(*args, only=None):
+    """``shmreplay ARGS`` in a new process; with ``only``, gc is limited to the buffers
+    whose names start so (the others on the machine are other programs')."""
+    code = ("import sys\n"
+            "from shmreplay import _peek, cli\n"
+            "every = _peek.segments\n"
+            "if sys.argv[1]:\n"
+            "    _peek.segments = lambda: {n: e for n, e in every().items()\n"
+            "                              if n.startswith(sys.argv[1])}\n"
+            "sys.exit(cli.main(sys.argv[2:]))\n")
+    result = subprocess.run([sys.executable, "-c", code, only or "", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    return result.stdout
+
+
+def test_gc_of_a_killed_owner_fails_the_processes_still_attached(buffer_name):
+    """Owner SIGKILLed; an actor and a learner stay attached; ``shmreplay gc`` removes
+    the buffer and a new Server takes the name: the actor's next insert and the
+    learner's next sample raise BufferBrokenError (before: the insert was acknowledged
+    into the removed buffer and lost; the learner sampled the old items)."""
+    owner = _Worker("own", buffer_name)
+    actor = learner = None
+    try:
+        actor, learner = _Worker("attached", buffer_name), _Worker("attached", buffer_name)
+        owner.process.kill()
+        owner.process.wait(timeout=10)
+        assert actor.call("insert") == "ok"  # a dead owner's buffer still works
+        assert "owner" in _cli("gc", only=buffer_name)
+        with shmreplay.Server([shmreplay.Table.queue("t", 100)], name=buffer_name) as new:
+            assert actor.call("insert") == "BufferBrokenError"
+            assert learner.call("sample") == "BufferBrokenError"
+            assert shmreplay.Client(new.name).server_info()["t"].current_size == 0
+    finally:
+        for worker in (owner, actor, learner):
+            if worker is not None:
+                worker.end()
+
+
+def test_rm_force_of_a_live_buffer_fails_its_owner_and_clients(buffer_name):
+    """``shmreplay rm --force`` on a live buffer: its owner's calls and its clients'
+    (a blocked sample too) raise BufferBrokenError; the owner's later stop() leaves alone
+    the new buffer that took the name."""
+    server = shmreplay.Server([shmreplay.Table.queue("t", 100)], name=buffer_name)
+    actor = learner = None
+    try:
+        own_client = shmreplay.Client(buffer_name)
+        actor, learner = _Worker("attached", buffer_name), _Worker("attached", buffer_name)
+        learner.process.stdin.write("wait\n")  # blocks: the queue is empty
+        learner.process.stdin.flush()
+        assert actor.call("insert") == "ok" and actor.call("insert") == "ok"
+        assert learner.answer() == "ok"  # (it took one of them)
+        learner.process.stdin.write("wait\n")
+        learner.process.stdin.flush()
+        assert learner.call("sample") == "ok"
+        learner.process.stdin.write("wait\n")  # blocks again: empty
+        learner.process.stdin.flush()
+        assert "removed" in _cli("rm", "--force", buffer_name)
+        assert learner.answer(5.0) == "BufferBrokenError"
+        assert actor.call("insert") == "BufferBrokenError"
+        with pytest.raises(errors.BufferBrokenError, match="rm"):
+            own_client.insert({"x": np.zeros(2, np.float32)}, {"t": 1.0})
+        with pytest.raises(errors.BufferBrokenError):
+            own_client.sample_batch("t", 1, timeout=0.1)
+        own_client.close()
+        with shmreplay.Server([shmreplay.Table.queue("t", 100)], name=buffer_name) as new:
+            server.stop()
+            assert os.path.exists(f"/dev/shm/shmreplay.{buffer_name}")
+            assert shmreplay.Client(new.name).server_info()["t"].current_size == 0
+    finally:
+        server.stop()
+        for worker in (actor, learner):
+            if worker is not None:
+                worker.end()

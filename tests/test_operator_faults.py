@@ -210,3 +210,70 @@ def test_rm_force_of_a_live_buffer_fails_its_owner_and_clients(buffer_name):
         for worker in (actor, learner):
             if worker is not None:
                 worker.end()
+
+
+# --- point 3: FIFOs, directories and symlinks named like a buffer ------------------------
+
+def _odd_files(name, tmp_path):
+    """A directory, a FIFO and a symlink under /dev/shm named like ``name``'s data
+    segments (``shmreplay.NAME.t5`` ...) and like buffers of their own."""
+    shm = "/dev/shm/shmreplay." + name
+    os.mkdir(shm + ".t5")
+    os.mkfifo(shm + ".t6", 0o600)
+    (tmp_path / "outside").write_bytes(b"\0" * 4096)
+    os.symlink(tmp_path / "outside", shm + ".t7")
+    return [shm + tail for tail in (".t5", ".t6", ".t7")]
+
+
+def _remove_odd(paths):
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+def test_gc_and_rm_skip_odd_files_named_like_segments(buffer_name, tmp_path):
+    """A dead owner's buffer next to a directory, FIFO and symlink named like its data
+    segments: gc removes the buffer's segments, lists the others as left alone, and
+    goes on (before: root's gc died with an IsADirectoryError traceback)."""
+    owner = _Worker("own", buffer_name)
+    odd = []
+    try:
+        owner.process.kill()
+        owner.process.wait(timeout=10)
+        odd = _odd_files(buffer_name, tmp_path)
+        listed = _cli("ls", only=buffer_name)
+        for tail in (".t5", ".t6", ".t7"):
+            line = next(l for l in listed.splitlines() if l.startswith(buffer_name + tail))
+            assert line.split()[1:3] == ["?", "?"]
+        collected = _cli("gc", only=buffer_name)
+        assert f"{buffer_name}: owner" in collected and "removed 2 segment(s)" in collected
+        for tail in (".t5", ".t6", ".t7"):
+            assert f"{buffer_name}{tail}: left alone" in collected
+        assert not os.path.exists(f"/dev/shm/shmreplay.{buffer_name}")
+        assert all(os.path.lexists(path) for path in odd)
+        assert (tmp_path / "outside").exists()
+        forced = subprocess.run([sys.executable, "-m", "shmreplay.cli", "rm", "--force",
+                                 buffer_name + ".t5"], capture_output=True, text=True,
+                                timeout=60)
+        assert "Traceback" not in forced.stderr and "cannot remove" in forced.stderr
+    finally:
+        owner.end()
+        _remove_odd(odd)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "fifo"])
+def test_client_refuses_odd_files_with_a_shmreplay_error(buffer_name, tmp_path, kind):
+    """Before: a symlink gave a raw OSError(ELOOP), a directory a bare ValueError."""
+    path = f"/dev/shm/shmreplay.{buffer_name}"
+    (tmp_path / "outside").write_bytes(b"\0" * 4096)
+    make, said = {"symlink": (lambda: os.symlink(tmp_path / "outside", path), "symbolic link"),
+                  "directory": (lambda: os.mkdir(path), "directory"),
+                  "fifo": (lambda: os.mkfifo(path, 0o600), "FIFO")}[kind]
+    make()
+    try:
+        with pytest.raises(errors.LayoutMismatchError, match=f"(?s){buffer_name}.*{said}"):
+            shmreplay.Client(buffer_name)
+    finally:
+        _remove_odd([path])

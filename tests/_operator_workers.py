@@ -106,6 +106,24 @@ def attached(name):
     client.close()
 
 
+def storm(prefix, seconds):
+    """Creates and stops Servers named ``prefix<n>`` for ``seconds``; prints how many,
+    and how many lost their header segment while alive (removed under them)."""
+    import os
+    import time
+    shmreplay.Server([shmreplay.Table.queue("t", 4)], name=f"{prefix}first").stop()
+    created = lost = 0
+    end = time.monotonic() + float(seconds)  # from the first Server on (kernels loaded)
+    print("ready", flush=True)
+    while time.monotonic() < end:
+        name = f"{prefix}{created}"
+        server = shmreplay.Server([shmreplay.Table.queue("t", 4)], name=name)
+        created += 1
+        lost += not os.path.exists(f"/dev/shm/shmreplay.{name}")
+        server.stop()
+    print(created, lost, flush=True)
+
+
 if __name__ == "__main__":
-    {"corrupt_and_verify": corrupt_and_verify, "own": own,
-     "attached": attached}[sys.argv[1]](*sys.argv[2:])
+    {"corrupt_and_verify": corrupt_and_verify, "own": own, "attached": attached,
+     "storm": storm}[sys.argv[1]](*sys.argv[2:])

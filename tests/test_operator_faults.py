@@ -4,6 +4,7 @@ use them, ``gc`` while servers start, ``verify`` on corrupt control words, and n
 out of range.
 """
 
+import io
 import json
 import os
 import select
@@ -277,3 +278,32 @@ def test_client_refuses_odd_files_with_a_shmreplay_error(buffer_name, tmp_path, 
             shmreplay.Client(buffer_name)
     finally:
         _remove_odd([path])
+
+
+# --- point 8: gc while servers start ------------------------------------------------------
+
+def test_gc_never_removes_a_buffer_being_created(buffer_name):
+    """Servers created and stopped in a loop in one process while gc runs over and over
+    in this one: no live buffer is removed. A header still zero, or naming no owner
+    yet, cannot be judged and is left alone; an owner is dead only if its pid (with its
+    start time) no longer runs."""
+    from shmreplay import _peek, cli
+    prefix = buffer_name + "-"
+    creator = _Worker("storm", prefix, "3")
+    every = _peek.segments
+    removed, runs = [], 0
+    try:
+        _peek.segments = lambda: {n: e for n, e in every().items() if n.startswith(prefix)}
+        while creator.process.poll() is None and runs < 100000:
+            out = io.StringIO()
+            cli.main(["gc"], out=out)
+            removed += [line for line in out.getvalue().splitlines() if "removed" in line]
+            runs += 1
+            if select.select([creator.process.stdout], [], [], 0)[0]:
+                break
+    finally:
+        _peek.segments = every
+    created, lost = map(int, creator.answer(30).split())
+    creator.end()
+    assert created > 20 and runs > 20, (created, runs)
+    assert removed == [] and lost == 0

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _layout as L, errors, rate_limiters, selectors
-import _names
+from shmreplay import errors, rate_limiters, selectors
 
 
 def _table(name="t", max_size=10):

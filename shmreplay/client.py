@@ -371,9 +371,8 @@ class Client:
 
         Raises:
           TableNotFoundError: unknown table.
-          InvalidPriorityError: a negative, NaN or infinite priority, or one that is
-            not a number (``"1.5"``).
-          TypeError, ValueError: a key that is not an integer, or not in 0 .. 2**64 - 1.
+          InvalidPriorityError: a negative, NaN, infinite or text (``"1.5"``) priority.
+          TypeError, ValueError: a key that is not an integer in 0 .. 2**64 - 1.
         """
         engine = self._engine(table)
         updates = updates or {}

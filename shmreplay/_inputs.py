@@ -201,6 +201,9 @@ def _fixed_by_first_item(engine, dtype: np.dtype, got: np.dtype) -> str:
 def check_priorities(engine, priority, count) -> np.ndarray:
     """Returns ``count`` float64 priorities, or raises InvalidPriorityError."""
     table = engine.name
+    if _holds_text(priority):  # numpy would parse "1.5"; a priority is a number
+        raise errors.InvalidPriorityError(
+            f"Table '{table}': priority must be a number, got {priority!r}.")
     try:
         prios = np.asarray(priority, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -222,3 +225,46 @@ def check_priorities(engine, priority, count) -> np.ndarray:
         raise errors.InvalidPriorityError(
             f"Table '{table}': priorities must be finite and >= 0, got {value}.")
     return prios
+
+
+def _holds_text(value) -> bool:
+    """Whether ``value`` is, or a list/tuple/array of, ``str`` or ``bytes``."""
+    if isinstance(value, (str, bytes)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "US"
+    return isinstance(value, (list, tuple)) and any(isinstance(v, (str, bytes)) for v in value)
+
+
+_KEY_LIMIT = 1 << 64
+
+
+def check_keys(table: str, keys, argument: str) -> np.ndarray:
+    """``keys`` (an item key or several) as a 1-D uint64 array.
+
+    Raises:
+      TypeError: a key that is not an integer (a bool, a float with a fraction, text).
+      ValueError: a key outside 0 .. 2**64 - 1 (no item has one).
+    Both name ``argument`` and the table; nothing is changed by a refused call.
+    """
+    if isinstance(keys, (list, tuple)):
+        array = np.asarray(keys, dtype=object)  # Python ints as they are, unconverted
+    else:
+        array = np.asarray(keys)  # an array, a scalar, a tensor
+    array = array.reshape(-1)
+    if array.dtype.kind == "u":
+        return np.ascontiguousarray(array, np.uint64)
+    for key in array.tolist():
+        if isinstance(key, np.integer) and not isinstance(key, np.bool_):
+            key = int(key)
+        if isinstance(key, float) and key.is_integer():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise TypeError(
+                f"Table '{table}': {argument} must hold integer item keys (uint64), got "
+                f"{type(key).__name__} {key!r}.")
+        if not 0 <= key < _KEY_LIMIT:
+            raise ValueError(
+                f"Table '{table}': {argument} holds key {key}, outside 0 .. 2**64 - 1: "
+                "keys are uint64, as sample.info.key gives them.")
+    return np.array(array.tolist(), np.uint64) if array.size else np.empty(0, np.uint64)

@@ -154,14 +154,27 @@ def _read(name: str, fd: int, with_tables: bool) -> Peek:
 
 def _table_counts(fd: int, header, size: int):
     """``(tables, items)`` from the control blocks, or None if anything disagrees."""
+    located = ctrl_offsets(fd, header, size)
+    if located is None:
+        return None
+    return len(located), sum(int(ctrl[L.C_SIZE]) for _, ctrl in located)
+
+
+def ctrl_offsets(fd: int, header, size: int):
+    """``[(offset, ctrl words)]`` of each table's control block in the header segment
+    open as ``fd`` (of ``size`` bytes, ``header`` its parsed header), or None if
+    anything disagrees: each block is located with ``_layout``'s plan from the settings
+    the block itself holds, and believed only if that plan agrees with the header and
+    with the block's own capacity and tree words, and fits in the segment."""
     total, count = int(header["total_bytes"]), int(header["num_tables"])
     config_len = int(header["config_len"])
     if (total != size or not 1 <= count <= _MAX_TABLES or config_len <= 0
             or int(header["config_offset"]) != L.HEADER_SIZE):
         return None
-    offset, stand_ins, items = int(header["tables_offset"]), [], 0
+    offset, stand_ins, located = int(header["tables_offset"]), [], []
     for _ in range(count):
-        ctrl = _ctrl(fd, L.plan_table(offset, _stand_in(1, codes.UNIFORM, codes.UNIFORM)).ctrl)
+        where = L.plan_table(offset, _stand_in(1, codes.UNIFORM, codes.UNIFORM)).ctrl
+        ctrl = _ctrl(fd, where)
         if ctrl is None:
             return None
         max_size = int(ctrl[L.C_MAX_SIZE])
@@ -175,12 +188,12 @@ def _table_counts(fd: int, header, size: int):
                 or int(ctrl[L.C_TREE_LEAVES]) != region.tree_leaves
                 or not 0 <= size_now <= region.capacity):
             return None
-        items += size_now
+        located.append((where, ctrl))
         offset = region.end
     plan = L.plan_buffer(stand_ins, config_len)
     if plan.total_bytes != total or plan.tables[0].offset != int(header["tables_offset"]):
         return None
-    return count, items
+    return located
 
 
 def _stand_in(max_size: int, sampler: int, remover: int):
@@ -201,8 +214,11 @@ def segments() -> Dict[str, List[str]]:
     """``{buffer name: [its /dev/shm entries]}``, header segment first.
 
     ``shmreplay.NAME.tI`` is table ``I``'s data segment of buffer ``NAME`` when that
-    buffer's header segment is there too; one left without it is listed under its own
-    name (``peek`` then says what it is).
+    buffer's header segment is there too and the entry is a regular file owned as the
+    header is (``_belongs``). Anything else, a data segment left without its header, a
+    FIFO, directory or symlink, another user's file, is listed under its own name, as
+    a buffer of its own: ``peek`` then says what it is, ``gc`` leaves it alone, and it
+    is never removed with a buffer it does not belong to.
     """
     try:
         entries = os.listdir(SHM_DIR)
@@ -214,24 +230,56 @@ def segments() -> Dict[str, List[str]]:
              if not _is_data_segment(name, names)}
     for name in sorted(names):
         if _is_data_segment(name, names):
-            found.setdefault(name.rpartition(".t")[0], []).append(prefix + name)
+            base = _data_segment_base(name)
+            if _belongs(prefix + name, prefix + base):
+                found[base].append(prefix + name)
+            else:
+                found[name] = [prefix + name]
     return found
 
 
-def _is_data_segment(name: str, names) -> bool:
+def _data_segment_base(name: str) -> Optional[str]:
+    """The buffer whose data segment ``name`` would be (``NAME.tI`` -> ``NAME``), or None:
+    the one place that parses data-segment names."""
     base, _, table = name.rpartition(".t")
-    return bool(base) and table.isdigit() and base in names
+    return base if base and table.isdigit() else None
+
+
+def _is_data_segment(name: str, names) -> bool:
+    base = _data_segment_base(name)
+    return base is not None and base in names
+
+
+def _belongs(entry: str, header_entry: str) -> bool:
+    """Whether /dev/shm ``entry`` may be a data segment of the buffer whose header
+    segment is ``header_entry``: a regular file (not followed if a symlink) that no
+    other user may write, of the header's owner, or of its group if the header is
+    shared with the group."""
+    try:
+        info = os.lstat(os.path.join(SHM_DIR, entry))
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o006:
+        return False
+    try:
+        header = os.lstat(os.path.join(SHM_DIR, header_entry))
+    except OSError:  # a leftover whose header is gone: ours, or not the buffer's
+        return info.st_uid == os.getuid()
+    return info.st_uid == header.st_uid or (
+        bool(header.st_mode & 0o060) and info.st_gid == header.st_gid)
 
 
 def segments_of(name: str) -> List[str]:
-    """The /dev/shm entries of buffer ``name``: its header and data segments."""
-    prefix = L.SEGMENT_PREFIX + name
+    """The /dev/shm entries of buffer ``name``: its header segment (whatever it is) and
+    the data segments that belong to it (see ``segments``)."""
+    header = L.SEGMENT_PREFIX + name
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:
         return []
-    return sorted(e for e in entries if e == prefix or (
-        e.startswith(prefix + ".t") and e[len(prefix) + 2:].isdigit()))
+    return sorted(e for e in entries if e == header or (
+        e.startswith(L.SEGMENT_PREFIX) and _data_segment_base(e[len(L.SEGMENT_PREFIX):]) == name
+        and _belongs(e, header)))
 
 
 def memory(entries: List[str]) -> int:

@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import mmap
 import os
+import stat as _stat
 import warnings
 from typing import Optional, Set
 
@@ -59,9 +60,12 @@ class Segment:
       uid: The uid that owns the segment.
       gid: The gid the segment belongs to.
       mode: Its permission bits (``0o600``, ``0o660``, ...).
+      inode: Its inode: whether its name still leads to it (``shmreplay rm`` may have
+        given the name to another buffer).
     """
 
     name = None
+    inode = None
     buf = None
     size = 0
     uid = None
@@ -96,6 +100,7 @@ class Segment:
                 os.fchown(shm.fd, -1, group)
             stat = os.fstat(shm.fd)
             self.uid, self.gid, self.mode = stat.st_uid, stat.st_gid, stat.st_mode & 0o777
+            self.inode = stat.st_ino
             self.buf = mmap.mmap(shm.fd, size)
             self.size = size
         except BaseException:
@@ -114,31 +119,34 @@ class Segment:
           what: What the segment is, for error messages (``"buffer 'x'"``).
           access: Which owners and modes to accept (see ``check_access``).
 
+        It is opened ``O_NOFOLLOW | O_NONBLOCK`` and must be a regular file before
+        anything else is looked at: a symlink is never followed, a FIFO never waited on.
+
         Raises:
           BufferNotFoundError: no segment has this name.
-          LayoutMismatchError: the segment is not accessible, ``check_access`` refuses
-            it, or it is empty.
+          LayoutMismatchError: the name is not a regular file (a symlink, FIFO,
+            directory, ...), the segment is not accessible, ``check_access`` refuses it,
+            or it is empty.
         """
         self = cls()
         self.name = name
+        fd = _open_existing(name, what)
         try:
-            shm = posix_ipc.SharedMemory(name)
-        except posix_ipc.ExistentialError as exc:
-            raise errors.BufferNotFoundError(
-                f"No shmreplay {what} exists under the name {name!r} on this machine.") from exc
-        except posix_ipc.PermissionsError as exc:
-            raise errors.LayoutMismatchError(
-                f"Segment {name!r} is not accessible to this user ({what}).") from exc
-        try:
-            stat = os.fstat(shm.fd)
+            stat = os.fstat(fd)
+            if not _stat.S_ISREG(stat.st_mode):
+                raise errors.LayoutMismatchError(
+                    f"{SHM_DIR}{name} ({what}) is not a shared-memory segment but "
+                    f"{_kind(stat.st_mode)}: not a shmreplay buffer. Its owner (uid "
+                    f"{stat.st_uid}) can remove it if nothing uses it.")
             check_access(name, what, stat, access)
             self.uid, self.gid, self.mode = stat.st_uid, stat.st_gid, stat.st_mode & 0o777
+            self.inode = stat.st_ino
             if stat.st_size == 0:
                 raise errors.LayoutMismatchError(f"Segment {name!r} is empty: not a shmreplay {what}.")
             self.size = stat.st_size
-            self.buf = mmap.mmap(shm.fd, stat.st_size)
+            self.buf = mmap.mmap(fd, stat.st_size)
         finally:
-            shm.close_fd()
+            os.close(fd)
         return self
 
     def close(self):
@@ -154,6 +162,43 @@ class Segment:
     def unlink(self):
         """Removes the name (the memory goes when the last process unmaps it)."""
         unlink(self.name)
+
+
+SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
+# Never follow a symlink, never wait on a FIFO (or a device) that has no writer.
+_ATTACH_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _open_existing(name: str, what: str) -> int:
+    """Opens ``/dev/shm{name}`` read-write without following a symlink or blocking.
+
+    Raises:
+      BufferNotFoundError: nothing has this name.
+      LayoutMismatchError: something has it that cannot be opened as a segment.
+    """
+    try:
+        return os.open(SHM_DIR + name, _ATTACH_FLAGS)
+    except FileNotFoundError as exc:
+        raise errors.BufferNotFoundError(
+            f"No shmreplay {what} exists under the name {name!r} on this machine.") from exc
+    except PermissionError as exc:
+        raise errors.LayoutMismatchError(
+            f"Segment {name!r} is not accessible to this user ({what}).") from exc
+    except OSError as exc:
+        kind = {errno.ELOOP: "a symbolic link", errno.EISDIR: "a directory"}.get(
+            exc.errno, f"something that cannot be opened ({exc.strerror})")
+        raise errors.LayoutMismatchError(
+            f"{SHM_DIR}{name} ({what}) is {kind}, not a shared-memory segment: not a "
+            "shmreplay buffer, and never followed. Remove it if nothing uses it.") from exc
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((_stat.S_ISDIR, "a directory"), (_stat.S_ISFIFO, "a FIFO"),
+                       (_stat.S_ISSOCK, "a socket"), (_stat.S_ISCHR, "a device"),
+                       (_stat.S_ISBLK, "a device"), (_stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def caller_groups() -> Set[int]:

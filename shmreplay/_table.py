@@ -159,7 +159,12 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
           BufferNotFoundError: if it does not exist (any more).
           LayoutMismatchError: if it is refused, foreign, truncated or inconsistent.
         """
-        found = _data_segment.attach(self)
+        try:
+            found = _data_segment.attach(self)
+        except errors.BufferNotFoundError:
+            if self.ctrl[L.C_CLOSED]:  # removed with its buffer (stop, gc, rm)
+                self._raise_status(codes.CLOSED)
+            raise
         if found is None:
             return False
         try:
@@ -384,7 +389,8 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
                  checks.TREE: "sum-tree does not match the priorities",
                  checks.HEAP: "heap order or positions broken",
                  checks.COUNTERS: "rate-limiter or pending counters inconsistent",
-                 checks.ROWS: "step rows' reference counts or free list inconsistent"}
+                 checks.ROWS: "step rows' reference counts or free list inconsistent",
+                 checks.CTRL: "a control word is out of range (corrupt control block)"}
         return [text for bit, text in names.items() if status & bit]
 
     def can_insert(self, n: int) -> bool:

@@ -34,7 +34,9 @@ class Waiting:
                 "'Pid namespaces').")
         if status == codes.CLOSED:
             raise errors.BufferBrokenError(
-                f"Buffer '{self.buffer_name}' was stopped by its owner (table '{self.name}').")
+                f"Buffer '{self.buffer_name}' was stopped by its owner, or removed with "
+                f"`shmreplay gc`/`rm` (table '{self.name}'): attach to the buffer that "
+                "replaces it, if any, with a new Client.")
         raise errors.BufferBrokenError(
             f"Table '{self.name}' of buffer '{self.buffer_name}' is corrupt (status {status}).")
 

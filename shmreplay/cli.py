@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from shmreplay import _address, _layout, _peek, errors
+from shmreplay import _address, _layout, _peek, _retire, errors
 
 
 def cmd_ls(args, out):
@@ -325,16 +325,20 @@ def cmd_compile(args, out):
 
 
 def _remove(seen, entries):
-    """Unlinks ``entries``, unless the header segment is no longer the one ``seen`` read
-    (the name went to a new buffer meanwhile)."""
+    """Marks the buffer stopped for every process still attached (``_retire``), then
+    unlinks ``entries``, data segments first and the header last; nothing if the header
+    segment is no longer the one ``seen`` read (the name went to a new buffer meanwhile).
+    An entry that cannot be unlinked is reported and skipped."""
+    header = _layout.SEGMENT_PREFIX + seen.name
     if seen.inode is not None:
         try:
-            if os.lstat(os.path.join(_peek.SHM_DIR, entries[0])).st_ino != seen.inode:
+            if os.lstat(os.path.join(_peek.SHM_DIR, header)).st_ino != seen.inode:
                 return 0
         except FileNotFoundError:
             pass
+        _retire.retire(seen.name, seen.inode)
     count = 0
-    for entry in entries:
+    for entry in sorted(entries, key=lambda e: e == header):
         try:
             os.unlink(os.path.join(_peek.SHM_DIR, entry))
             count += 1
@@ -344,6 +348,10 @@ def _remove(seen, entries):
             # /dev/shm is sticky: a segment a group member created is theirs to remove.
             print(f"shmreplay: cannot remove {_peek.SHM_DIR}/{entry}: it belongs to another "
                   "user", file=sys.stderr)
+        except OSError as exc:  # a directory (EISDIR as root), ...
+            print(f"shmreplay: cannot remove {_peek.SHM_DIR}/{entry}: {exc.strerror}; it is "
+                  "not a shared-memory segment: remove it by hand if it is not needed",
+                  file=sys.stderr)
     return count
 
 

@@ -371,14 +371,14 @@ class Client:
 
         Raises:
           TableNotFoundError: unknown table.
-          InvalidPriorityError: a negative, NaN or infinite priority.
+          InvalidPriorityError: a negative, NaN, infinite or text (``"1.5"``) priority.
+          TypeError, ValueError: a key that is not an integer in 0 .. 2**64 - 1.
         """
         engine = self._engine(table)
         updates = updates or {}
-        keys = np.fromiter(updates.keys(), np.uint64, len(updates))
-        prios = _inputs.check_priorities(engine, np.fromiter(updates.values(), np.float64, len(updates)),
-                                  len(updates))
-        delete_keys = np.asarray(list(deletes or ()), np.uint64).reshape(-1)
+        keys = _inputs.check_keys(table, list(updates), "updates")
+        prios = _inputs.check_priorities(engine, list(updates.values()), len(updates))
+        delete_keys = _inputs.check_keys(table, list(deletes or ()), "deletes")
         engine.mutate(delete_keys.view(np.int64), keys.view(np.int64), prios)
 
     def update_priorities(self, table: str, keys, priorities):
@@ -402,7 +402,7 @@ class Client:
                 # A priority the kernel refused (nothing changed): say which, and why.
                 _inputs.check_priorities(engine, priorities, keys.size)
             if type(keys) is not np.ndarray or keys.dtype != np.uint64 or keys.ndim != 1:
-                keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
+                keys = _inputs.check_keys(table, keys, "keys")
             if (type(priorities) is np.ndarray and priorities.dtype == np.float64
                     and priorities.shape == keys.shape):
                 prios = priorities  # validated by the kernel call below

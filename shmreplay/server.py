@@ -20,7 +20,7 @@ import weakref
 from typing import Optional, Sequence
 
 from shmreplay import (_address, _buffer, _checkpoint, _layout, _lock_waits, _peek, _restore,
-                       _segment, _termination, _warmup,
+                       _retire, _segment, _termination, _warmup,
                        checkpointers, errors)
 from shmreplay.table import Table, validate_name
 
@@ -169,7 +169,8 @@ class Server:
                     "marked closed without its lock", self._name, engine.name,
                     _lock_waits.describe_holder(engine.ctrl, self._name))
         buffer.header["state"] = 2  # STATE_STOPPED: attaching clients are refused
-        _buffer.unlink_all(self._name, len(self._tables))
+        if _still_named(self._name, buffer.segment):
+            _buffer.unlink_all(self._name, len(self._tables))
         for table in self._tables:
             table._engine = None
         buffer.close()
@@ -328,25 +329,21 @@ def _reclaim_dead(name) -> bool:
             return False
     except FileNotFoundError:
         return True
-    _close_for_attached(name)
+    # The Clients still attached to it must fail (BufferBrokenError) instead of feeding
+    # a buffer nobody will read again.
+    _retire.retire(name, seen.inode)
     for entry in sorted(_peek.segments_of(name), key=lambda e: e == header):
         _segment.unlink("/" + entry)  # data segments first, the header last
     return True
 
 
-def _close_for_attached(name):
-    """Marks a dead owner's tables closed, so that the Clients still attached to them
-    fail (``BufferBrokenError``) instead of feeding a buffer nobody will read again."""
+def _still_named(name, segment) -> bool:
+    """Whether the name still leads to this buffer's header segment: after ``shmreplay rm
+    --force`` a new Server may have taken it, and its segments are not ours to remove."""
     try:
-        buffer = _buffer.attach(name)
-    except errors.ShmReplayError:
-        return
-    try:
-        for engine in buffer.engines:
-            engine.close()
-        buffer.header["state"] = _layout.STATE_STOPPED
-    finally:
-        buffer.close()
+        return os.lstat(_peek.header_path(name)).st_ino == segment.inode
+    except FileNotFoundError:
+        return False  # removed already (rm --force, gc): its data segments with it
 
 
 def _register(server):

@@ -8,6 +8,9 @@ from shmreplay import errors, rate_limiters, selectors, specs
 # Table and buffer names end up in POSIX object names: keep them boring.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 MAX_TABLE_NAME = 64
+# The largest max_size: a table's slot records and sum-trees are addressed with int64
+# byte offsets, and attaching refuses a configuration beyond this.
+MAX_SIZE = (1 << 40) - 1
 
 
 def validate_name(name, what: str, max_len: int) -> str:
@@ -46,9 +49,11 @@ class Table:
         each column's shape and dtype. Without one, the first inserted item fixes them.
 
     Raises:
-      ValueError: on an invalid name, ``max_size < 1``, a ``max_times_sampled`` that is
-        not an integer, or a signature leaf that is not a spec with a fixed shape.
-      TypeError: if ``sampler``/``remover``/``rate_limiter`` are of the wrong type.
+      ValueError: on an invalid name, a ``max_size`` outside 1 .. 2**40 - 1, a
+        ``max_times_sampled`` outside int64, or a signature leaf that is not a spec with
+        a fixed shape.
+      TypeError: if ``sampler``/``remover``/``rate_limiter`` are of the wrong type, or
+        ``max_size``/``max_times_sampled`` is not an integer.
 
     Once the table is passed to a ``Server``, ``info``, ``can_sample`` and
     ``can_insert`` report the live table.
@@ -67,11 +72,8 @@ class Table:
             raise TypeError(
                 f"Table '{name}': rate_limiter must be a shmreplay.rate_limiters limiter, "
                 f"got {rate_limiter!r}.")
-        if int(max_size) != max_size or max_size < 1:
-            raise ValueError(f"Table '{name}': max_size must be an integer >= 1, got {max_size!r}.")
-        if int(max_times_sampled) != max_times_sampled:
-            raise ValueError(
-                f"Table '{name}': max_times_sampled must be an integer, got {max_times_sampled!r}.")
+        _check_integer(name, "max_size", max_size, 1, MAX_SIZE)
+        _check_integer(name, "max_times_sampled", max_times_sampled, -2**63, 2**63 - 1)
         if extensions:
             raise ValueError(f"Table '{name}': table extensions are not supported by shmreplay.")
         self.sampler = sampler
@@ -150,3 +152,18 @@ class Table:
         state = dict(self.__dict__)
         state["_engine"] = None
         return state
+
+
+def _check_integer(table: str, argument: str, value, low: int, high: int):
+    """Refuses a ``value`` that is not an integer in ``low .. high`` (a bool, a float with
+    a fraction, text), naming the table and the argument."""
+    try:
+        whole = int(value) == value and not isinstance(value, (bool, str, bytes))
+    except (TypeError, ValueError, OverflowError):  # int(None), int("x"), int(inf)
+        whole = False
+    if not whole:
+        raise TypeError(f"Table '{table}': {argument} must be an integer, got "
+                        f"{type(value).__name__} {value!r}.")
+    if not low <= int(value) <= high:
+        raise ValueError(f"Table '{table}': {argument} must be an integer in {low} .. "
+                         f"{high}, got {int(value)}.")

@@ -166,9 +166,11 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
     Prioritized, its sum-tree is updated once for all added and evicted slots.
     ``stamp`` is the caller's writer stamp: if a slot is no longer WRITING for it (it
     was freed as a dead writer's), nothing is published, the caller's other slots are
-    freed, and ``LOST`` is returned.
+    freed, and ``LOST`` is returned. ``CLOSED`` (nothing published) once the buffer was
+    stopped or removed: an insert into a buffer nobody will read again must fail, not be
+    acknowledged.
     """
-    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
     n = slots.shape[0]
@@ -335,8 +337,9 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
 @kernel
 def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io, stamp):
     """``commit`` of one slot: returns the new key (> 0), or a negative status (``LOST``
-    if the slot is no longer WRITING for ``stamp``)."""
-    status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
+    if the slot is no longer WRITING for ``stamp``; ``CLOSED`` once the buffer was
+    stopped or removed)."""
+    status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
     if not _owns(meta, slot, stamp):

@@ -127,8 +127,9 @@ class LockWait:
                 f"this {self.what} waited for the table's lock.")
         if engine.ctrl[L.C_CLOSED]:
             raise errors.BufferBrokenError(
-                f"Buffer '{engine.buffer_name}' was stopped by its owner (table "
-                f"'{engine.name}') while this {self.what} waited for the table's lock.")
+                f"Buffer '{engine.buffer_name}' was stopped by its owner, or removed with "
+                f"`shmreplay gc`/`rm` (table '{engine.name}'), while this {self.what} waited "
+                "for the table's lock.")
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
             raise errors.LockTimeoutError(

@@ -5,16 +5,22 @@ flushed to disk, then renamed over the destination: a crash at any point leaves 
 previous checkpoint at that path intact. Layout (little-endian)::
 
     0       FILE_HEADER   64 bytes: magic, format version, where the manifest is, its
-                          crc32, the file's length (a truncated file is refused)
-    64      arrays        raw C-order bytes, each 64-byte aligned
+                          crc32, the file's length (a truncated file is refused) and,
+                          since format 3, the crc32 of these fields; the rest is zero
+    64      arrays        raw C-order bytes, each 64-byte aligned (zero padding between)
     ...     manifest      cloudpickle of a dict: per table its configuration, storage,
-                          counters and where each of its arrays lies
+                          counters, where each of its arrays lies and, since format 3,
+                          each array's crc32; it ends the file
 
 Per table, the arrays hold its live items in insertion order (key, order, update
 number, times sampled, priority, and since format 2 the episode: a writer's episode id,
 or -1 for an item that is its own episode) and their data: one array per column for tables that
 store whole items; for step storage, the rows the items reference (renumbered
 densely) and each item's references.
+
+Since format 3 every byte of the file is checked: the header and the manifest on
+``load``, each array's crc32 the first time it is read (``TableCheckpoint.array``),
+and the padding on ``load``. Damage anywhere raises ``CheckpointError`` naming the part.
 
 Tables are snapshotted one at a time (``shmreplay._snapshot``); the disk is written
 after each table's lock is released. Restoring is ``shmreplay._restore``. The manifest
@@ -40,8 +46,12 @@ from shmreplay import errors
 from shmreplay._snapshot import COUNTERS, ITEM_FIELDS, TableSnapshot, snapshot_table
 
 MAGIC = b"SHMRCKPT"
-FORMAT_VERSION = 2  # 2: each item's episode (format 1 files restore, each item its own)
-READABLE_VERSIONS = (1, 2)
+# 2: each item's episode (format 1 files restore, each item its own).
+# 3: a crc32 of the header and of every array (format 1 and 2 files restore, their
+#    arrays unchecksummed: their values are still checked, see ``_restore``).
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+CHECKSUMMED_FROM = 3
 FILE_HEADER = np.dtype([
     ("magic", "S8"),
     ("version", "<u4"),
@@ -49,7 +59,9 @@ FILE_HEADER = np.dtype([
     ("manifest_offset", "<i8"),
     ("manifest_len", "<i8"),
     ("file_len", "<i8"),
+    ("header_crc", "<u4"),  # of the bytes before it (format 3 on)
 ])
+_HEADER_CRC_COVERS = FILE_HEADER.fields["header_crc"][1]
 FILE_HEADER_SIZE = 64
 _CHUNK = 16 << 20           # bytes per write (and per progress report)
 _SHOW_PROGRESS_FROM = 256 << 20  # progress=None shows a bar on a terminal from this size
@@ -93,7 +105,8 @@ def save(engines, path: str, buffer_name: str, progress: Progress = None) -> Sav
                 reporter.total += actual - estimate
                 entry = _manifest_entry(snapshot)
                 for key, array in snapshot.arrays.items():
-                    entry["arrays"][key] = _write_array(file, array, reporter)
+                    entry["arrays"][key], entry["crc32"][key] = _write_array(
+                        file, array, reporter)
                 tables.append(entry)
                 items[snapshot.name] = snapshot.num_items
                 max_hold = max(max_hold, snapshot.hold_seconds)
@@ -110,6 +123,7 @@ def save(engines, path: str, buffer_name: str, progress: Progress = None) -> Sav
             header["manifest_offset"] = manifest_offset
             header["manifest_len"] = len(manifest)
             header["file_len"] = file.tell()
+            header["header_crc"] = zlib.crc32(header.tobytes()[:_HEADER_CRC_COVERS])
             size = file.tell()
             file.seek(0)
             file.write(header.tobytes().ljust(FILE_HEADER_SIZE, b"\0"))
@@ -128,20 +142,24 @@ def save(engines, path: str, buffer_name: str, progress: Progress = None) -> Sav
 def _manifest_entry(snapshot: TableSnapshot) -> dict:
     return {"name": snapshot.name, "config": snapshot.config, "storage": snapshot.storage,
             "capacity": snapshot.capacity, "slot_bits": snapshot.slot_bits,
-            "counters": snapshot.counters, "num_items": snapshot.num_items, "arrays": {}}
+            "counters": snapshot.counters, "num_items": snapshot.num_items, "arrays": {},
+            "crc32": {}}
 
 
 def _write_array(file, array: np.ndarray, reporter) -> tuple:
-    """Appends ``array`` 64-byte aligned; returns ``(offset, dtype descr, shape)``."""
+    """Appends ``array`` 64-byte aligned; returns ``(offset, dtype descr, shape)`` and
+    the crc32 of its bytes."""
     padding = -file.tell() % L.ALIGN
     file.write(bytes(padding))
     offset = file.tell()
     data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    crc = 0
     for start in range(0, len(data), _CHUNK):
         piece = data[start:start + _CHUNK]
+        crc = zlib.crc32(piece, crc)
         file.write(piece)
         reporter.advance(len(piece))
-    return offset, np.lib.format.dtype_to_descr(array.dtype), array.shape
+    return (offset, np.lib.format.dtype_to_descr(array.dtype), array.shape), crc
 
 
 def _estimated_bytes(engine) -> int:
@@ -258,13 +276,37 @@ class TableCheckpoint:
     path: str
     layout: Dict[str, tuple]
     mapped: object = None
+    checksums: Optional[Dict[str, int]] = None  # crc32 per array (format 3 on)
+    verified: set = dataclasses.field(default_factory=set)
 
     def array(self, key: str) -> np.ndarray:
+        """The array ``key``, read-only from the file; its crc32 is checked on first use.
+
+        Raises:
+          CheckpointError: if its bytes do not match the crc32 ``save`` recorded.
+        """
         offset, descr, shape = self.layout[key]
         dtype = np.lib.format.descr_to_dtype(descr)
         if int(np.prod(shape)) == 0:
-            return np.empty(shape, dtype)
-        return np.ndarray(tuple(shape), dtype, buffer=self.mapped, offset=offset)
+            array = np.empty(shape, dtype)
+        else:
+            array = np.ndarray(tuple(shape), dtype, buffer=self.mapped, offset=offset)
+        if self.checksums is not None and key not in self.verified:
+            self.check(key, zlib.crc32(array))
+        return array
+
+    def check(self, key: str, crc: int):
+        """Records array ``key`` as verified if ``crc`` (of its bytes) is the one saved.
+
+        Raises:
+          CheckpointError: naming the array, if it is not.
+        """
+        if crc != self.checksums[key]:
+            raise errors.CheckpointError(
+                f"Checkpoint {self.path}: table '{self.name}' array '{key}' is damaged: its "
+                f"crc32 is {crc:#010x}, the file recorded {self.checksums[key]:#010x}. "
+                "Restore another checkpoint (an older one, or a copy of this file).")
+        self.verified.add(key)
 
 
 @dataclasses.dataclass
@@ -298,14 +340,23 @@ def load(path: str) -> Checkpoint:
             header = np.frombuffer(raw[:FILE_HEADER.itemsize], FILE_HEADER)[0]
             if header["magic"] != MAGIC:
                 raise errors.CheckpointError(
-                    f"{path} is not a shmreplay checkpoint (magic {header['magic']!r}).")
+                    f"{path} is not a shmreplay checkpoint (the magic in its header is "
+                    f"{bytes(header['magic'])!r}, not {MAGIC!r}).")
             version = int(header["version"])
             if version not in READABLE_VERSIONS:
                 raise errors.CheckpointError(
-                    f"Checkpoint {path} has format version {version}; this shmreplay "
-                    f"reads versions {', '.join(map(str, READABLE_VERSIONS))}.")
+                    f"Checkpoint {path} has format version {version} in its header; this "
+                    f"shmreplay reads versions {', '.join(map(str, READABLE_VERSIONS))} "
+                    "(a newer shmreplay wrote it, or its header is damaged).")
+            if version >= CHECKSUMMED_FROM and (
+                    zlib.crc32(raw[:_HEADER_CRC_COVERS]) != int(header["header_crc"])
+                    or any(raw[FILE_HEADER.itemsize:])):
+                raise errors.CheckpointError(
+                    f"Checkpoint {path}: its header is damaged (crc32). Restore another "
+                    "checkpoint (an older one, or a copy of this file).")
             offset, length = int(header["manifest_offset"]), int(header["manifest_len"])
-            if int(header["file_len"]) != size or not (
+            ends = offset + length == size if version >= CHECKSUMMED_FROM else True
+            if int(header["file_len"]) != size or not ends or not (
                     FILE_HEADER_SIZE <= offset and 0 < length and offset + length <= size):
                 raise errors.CheckpointError(
                     f"Checkpoint {path} is truncated or corrupt: {size} bytes, its header "
@@ -319,16 +370,25 @@ def load(path: str) -> Checkpoint:
         raise errors.CheckpointError(f"{path} is a directory, not a checkpoint file.") from exc
     if zlib.crc32(manifest_bytes) != int(header["manifest_crc"]):
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest is corrupt (crc32).")
+    checksummed = version >= CHECKSUMMED_FROM
     try:
         manifest = cloudpickle.loads(manifest_bytes)
         tables = [TableCheckpoint(t["name"], t["config"], t["storage"], int(t["capacity"]),
                                   int(t["slot_bits"]), dict(t["counters"]), int(t["num_items"]),
-                                  path, dict(t["arrays"]), mapped)
+                                  path, dict(t["arrays"]), mapped,
+                                  dict(t["crc32"]) if checksummed else None)
                   for t in manifest["tables"]]
+        written_as = manifest["format"]
     except Exception as exc:
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest cannot be read.") from exc
+    if written_as != version:  # the manifest's crc held, so the header is wrong
+        raise errors.CheckpointError(
+            f"Checkpoint {path}: its header says format {version}, its manifest format "
+            f"{written_as!r}: the header is damaged.")
     for table in tables:
         _check_table(path, size, table, version)
+    if checksummed:
+        _check_padding(path, mapped, tables, offset)
     return Checkpoint(path, int(manifest["created_ns"]), str(manifest["buffer"]), tables)
 
 
@@ -398,3 +458,34 @@ def _check_table(path: str, size: int, table: "TableCheckpoint", version: int):
         nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
         if offset < FILE_HEADER_SIZE or offset + nbytes > size:
             raise corrupt(f"array {key} lies outside the file")
+    if table.checksums is not None and (set(table.checksums) != set(table.layout) or not all(
+            type(crc) is int and 0 <= crc < 1 << 32 for crc in table.checksums.values())):
+        raise corrupt("has no valid crc32 for each of its arrays")
+
+
+def _check_padding(path: str, mapped, tables: List[TableCheckpoint], manifest_offset: int):
+    """Checks that the arrays tile the file from the header to the manifest, with only
+    zero bytes (fewer than an alignment's worth) between them: every byte there is
+    then either checksummed or known.
+
+    Raises:
+      CheckpointError: naming the array the damaged padding precedes.
+    """
+    places = []
+    for table in tables:
+        for key, (offset, descr, shape) in table.layout.items():
+            nbytes = np.lib.format.descr_to_dtype(descr).itemsize * int(np.prod(shape))
+            places.append((offset, nbytes, f"table '{table.name}' array '{key}'"))
+    places.sort()
+    covered = FILE_HEADER_SIZE
+    for offset, nbytes, name in places + [(manifest_offset, 0, "the manifest")]:
+        gap = offset - covered
+        if not 0 <= gap < L.ALIGN:
+            raise errors.CheckpointError(
+                f"Checkpoint {path}: its arrays do not follow each other as written "
+                f"({gap} bytes before {name}): the manifest or the file is damaged.")
+        if any(mapped[covered:offset]):
+            raise errors.CheckpointError(
+                f"Checkpoint {path}: its padding at bytes {covered}..{offset - 1} (before "
+                f"{name}) is not zero: the file is damaged. Restore another checkpoint.")
+        covered = offset + nbytes

@@ -151,3 +151,39 @@ def test_every_damaged_byte_and_truncation_is_refused_naming_the_part(buffer_nam
     restored = sum(1 for w in wrong if w[1] == "restored")
     assert not wrong, (f"{len(wrong)} of {len(damages)} damaged files were not refused "
                        f"naming the part ({restored} restored); first ones: {wrong[:8]}")
+
+
+def _as_format_2(path):
+    """Rewrites a checkpoint as format 2 wrote it: no crc32 of the header or arrays."""
+    data = bytearray(open(path, "rb").read())
+    header = np.frombuffer(bytes(data[:_checkpoint.FILE_HEADER.itemsize]),
+                           _checkpoint.FILE_HEADER)[0].copy()
+    offset, length = int(header["manifest_offset"]), int(header["manifest_len"])
+    manifest = cloudpickle.loads(bytes(data[offset:offset + length]))
+    manifest["format"] = 2
+    for table in manifest["tables"]:
+        del table["crc32"]
+    blob = cloudpickle.dumps(manifest)
+    data = data[:offset] + blob
+    header["version"] = 2
+    header["manifest_len"] = len(blob)
+    header["manifest_crc"] = zlib.crc32(blob)
+    header["file_len"] = len(data)
+    header["header_crc"] = 0
+    data[:_checkpoint.FILE_HEADER.itemsize] = header.tobytes()
+    open(path, "wb").write(bytes(data))
+
+
+def test_a_format_2_checkpoint_still_restores_without_checksums(buffer_name, tmp_path):
+    path = str(tmp_path / "old.shmreplay")
+    _write_checkpoint(buffer_name, path)
+    _as_format_2(path)
+    saved = _checkpoint.load(path)
+    assert all(t.checksums is None for t in saved.tables)
+    with shmreplay.Server(name=_names.unique("old"), checkpoint=path) as server:
+        client = shmreplay.Client(server.name)
+        info = client.server_info()
+        assert (info["items"].current_size, info["steps"].current_size) == (6, 3)
+        assert client.verify("items") == [] and client.verify("steps") == []
+        assert client.sample_batch("steps", 3, timeout=5).data["act"][:, 0].tolist() == [1, 2, 3]
+        client.close()

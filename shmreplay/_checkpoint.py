@@ -18,9 +18,10 @@ or -1 for an item that is its own episode) and their data: one array per column 
 store whole items; for step storage, the rows the items reference (renumbered
 densely) and each item's references.
 
-Since format 3 every byte of the file is checked: the header and the manifest on
-``load``, each array's crc32 the first time it is read (``TableCheckpoint.array``),
-and the padding on ``load``. Damage anywhere raises ``CheckpointError`` naming the part.
+Since format 3 every byte of the file is checked: the header, the manifest and the
+padding on ``load``; each array's crc32 when it is read (``TableCheckpoint.array``,
+or all of a table's in a second thread while it is restored: ``checking``). Damage
+anywhere raises ``CheckpointError`` naming the part.
 
 Tables are snapshotted one at a time (``shmreplay._snapshot``); the disk is written
 after each table's lock is released. Restoring is ``shmreplay._restore``. The manifest
@@ -28,6 +29,8 @@ is unpickled on load: a checkpoint file is trusted input, like any pickle (see
 ``docs/security.md``).
 """
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -97,16 +100,20 @@ def save(engines, path: str, buffer_name: str, progress: Progress = None) -> Sav
     tables, items, max_hold = [], {}, 0.0
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb") as file:
+        with os.fdopen(fd, "wb") as file, _checksummer() as checksummer:
             file.write(bytes(FILE_HEADER_SIZE))
             for engine, estimate in zip(engines, estimates):
                 snapshot = snapshot_table(engine)
                 actual = sum(a.nbytes for a in snapshot.arrays.values())
                 reporter.total += actual - estimate
                 entry = _manifest_entry(snapshot)
+                # crc32 runs in another thread while this one writes (both without the
+                # GIL): the checksums cost little of the save's time.
+                crcs = {key: checksummer.submit(crc32_of, array)
+                        for key, array in snapshot.arrays.items()}
                 for key, array in snapshot.arrays.items():
-                    entry["arrays"][key], entry["crc32"][key] = _write_array(
-                        file, array, reporter)
+                    entry["arrays"][key] = _write_array(file, array, reporter)
+                entry["crc32"] = {key: crc.result() for key, crc in crcs.items()}
                 tables.append(entry)
                 items[snapshot.name] = snapshot.num_items
                 max_hold = max(max_hold, snapshot.hold_seconds)
@@ -142,24 +149,30 @@ def save(engines, path: str, buffer_name: str, progress: Progress = None) -> Sav
 def _manifest_entry(snapshot: TableSnapshot) -> dict:
     return {"name": snapshot.name, "config": snapshot.config, "storage": snapshot.storage,
             "capacity": snapshot.capacity, "slot_bits": snapshot.slot_bits,
-            "counters": snapshot.counters, "num_items": snapshot.num_items, "arrays": {},
-            "crc32": {}}
+            "counters": snapshot.counters, "num_items": snapshot.num_items, "arrays": {}}
+
+
+def _checksummer():
+    """The one thread that computes crc32s while the caller writes or copies."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shmreplay-crc32")
+
+
+def crc32_of(array: np.ndarray) -> int:
+    """The crc32 of ``array``'s bytes in C order (zlib releases the GIL meanwhile)."""
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
 def _write_array(file, array: np.ndarray, reporter) -> tuple:
-    """Appends ``array`` 64-byte aligned; returns ``(offset, dtype descr, shape)`` and
-    the crc32 of its bytes."""
+    """Appends ``array`` 64-byte aligned; returns ``(offset, dtype descr, shape)``."""
     padding = -file.tell() % L.ALIGN
     file.write(bytes(padding))
     offset = file.tell()
     data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-    crc = 0
     for start in range(0, len(data), _CHUNK):
         piece = data[start:start + _CHUNK]
-        crc = zlib.crc32(piece, crc)
         file.write(piece)
         reporter.advance(len(piece))
-    return (offset, np.lib.format.dtype_to_descr(array.dtype), array.shape), crc
+    return offset, np.lib.format.dtype_to_descr(array.dtype), array.shape
 
 
 def _estimated_bytes(engine) -> int:
@@ -278,9 +291,11 @@ class TableCheckpoint:
     mapped: object = None
     checksums: Optional[Dict[str, int]] = None  # crc32 per array (format 3 on)
     verified: set = dataclasses.field(default_factory=set)
+    pending: set = dataclasses.field(default_factory=set)  # being checked (``checking``)
 
     def array(self, key: str) -> np.ndarray:
-        """The array ``key``, read-only from the file; its crc32 is checked on first use.
+        """The array ``key``, read-only from the file. Its crc32 is checked on first use
+        (inside ``checking``: at the end of the ``with`` block).
 
         Raises:
           CheckpointError: if its bytes do not match the crc32 ``save`` recorded.
@@ -291,11 +306,46 @@ class TableCheckpoint:
             array = np.empty(shape, dtype)
         else:
             array = np.ndarray(tuple(shape), dtype, buffer=self.mapped, offset=offset)
-        if self.checksums is not None and key not in self.verified:
-            self.check(key, zlib.crc32(array))
+        if (self.checksums is not None and key not in self.verified
+                and key not in self.pending):
+            self._check(key, crc32_of(array))
         return array
 
-    def check(self, key: str, crc: int):
+    @contextlib.contextmanager
+    def checking(self):
+        """Checks every array's crc32 in another thread while the ``with`` block reads
+        and copies them, and waits for the verdict at its end. Whatever the block made
+        of the values must stay invisible to others until the block has ended.
+
+        Raises:
+          CheckpointError: naming the first damaged array (in the file's order), also
+            when the block raised (damage explains a failure better than its symptom).
+        """
+        if self.checksums is None:
+            yield
+            return
+        keys = sorted(set(self.layout) - self.verified, key=lambda k: self.layout[k][0])
+        with _checksummer() as checksummer:
+            crcs = {key: checksummer.submit(crc32_of, self.array(key)) for key in keys}
+            self.pending.update(keys)
+            try:
+                yield
+            except Exception:
+                self._check_all(crcs)
+                raise
+            except BaseException:  # Ctrl-C: do not wait for the checksums
+                for crc in crcs.values():
+                    crc.cancel()
+                raise
+            finally:
+                self.pending.difference_update(keys)
+            self._check_all(crcs)
+
+    def _check_all(self, crcs):
+        for key, crc in crcs.items():
+            self._check(key, crc.result())
+
+    def _check(self, key: str, crc: int):
         """Records array ``key`` as verified if ``crc`` (of its bytes) is the one saved.
 
         Raises:

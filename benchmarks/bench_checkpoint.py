@@ -16,11 +16,20 @@ priorities or counters; cpprb documents that full state is not saved), and the f
 
 Usage:  python benchmarks/bench_checkpoint.py [--quick]
 Writes: benchmarks/results/checkpoint[-quick].{json,md}
+
+A/B of shmreplay alone against another checkout (its ``shmreplay`` package, this
+script's measurement), each side in a fresh process, alternately, ``--repeats`` times:
+
+        python benchmarks/bench_checkpoint.py --ab /path/to/other/checkout [--repeats 5]
+Writes: benchmarks/results/checkpoint-ab-<date>[-quick].{json,md} (medians)
 """
 
 import argparse
+import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +57,9 @@ def _fsync_file(path):
         os.fsync(f.fileno())
 
 
-def bench_shmreplay(shmreplay, name, data, prioritized, directory):
+def bench_shmreplay(shmreplay, name, data, prioritized, directory, repeats=1):
+    """Saves and restores ``repeats`` times (the medians; the first call of a process
+    also pays for loading kernels and warming caches)."""
     from shmreplay import _checkpoint, rate_limiters, selectors
     n = len(next(iter(data.values())))
     sampler = selectors.Prioritized(0.6) if prioritized else selectors.Uniform()
@@ -61,18 +72,23 @@ def bench_shmreplay(shmreplay, name, data, prioritized, directory):
         for start in range(0, n, step):
             chunk = {k: v[start:start + step] for k, v in data.items()}
             client.insert_batch(chunk, {"t": priorities[start:start + step]})
-        started = time.perf_counter()
-        summary = _checkpoint.save(client._buffer.engines, path, server.name, progress=False)
-        save_seconds = time.perf_counter() - started
+        saves, holds, restores = [], [], []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            summary = _checkpoint.save(client._buffer.engines, path, server.name,
+                                       progress=False)
+            saves.append(time.perf_counter() - started)
+            holds.append(summary.max_hold_seconds)
         client.close()
-    started = time.perf_counter()
-    with shmreplay.Server(name=f"bench-rest-{os.getpid()}", checkpoint=path) as restored:
-        restore_seconds = time.perf_counter() - started
-        assert restored._tables[0].info.current_size == n
+    for _ in range(repeats):
+        started = time.perf_counter()
+        with shmreplay.Server(name=f"bench-rest-{os.getpid()}", checkpoint=path) as restored:
+            restores.append(time.perf_counter() - started)
+            assert restored._tables[0].info.current_size == n
     size = os.path.getsize(path)
     os.unlink(path)
-    return {"save_s": save_seconds, "max_hold_s": summary.max_hold_seconds,
-            "restore_s": restore_seconds, "file_bytes": size}
+    return {"save_s": statistics.median(saves), "max_hold_s": statistics.median(holds),
+            "restore_s": statistics.median(restores), "file_bytes": size}
 
 
 def bench_cpprb(cpprb, name, data, directory):
@@ -116,15 +132,96 @@ def bench_numpy_floor(name, data, directory):
     return {"save_s": save_seconds, "restore_s": restore_seconds, "file_bytes": size}
 
 
+def _cases(quick):
+    scale = 10 if quick else 1
+    return [("small", lambda: _small(1_000_000 // scale), True),
+            ("frames", lambda: _frames(20_000 // scale), False)]
+
+
+def ab_worker(tree, quick, inner):
+    """One side of an A/B: shmreplay from ``tree``; prints its results as JSON."""
+    sys.path.insert(0, tree)
+    shmreplay, why = C.load_shmreplay()
+    if shmreplay is None:
+        raise SystemExit(why)
+    assert os.path.dirname(os.path.dirname(os.path.abspath(shmreplay.__file__))) == tree
+    directory = tempfile.mkdtemp(prefix="shmreplay-bench-ckpt-", dir=os.path.expanduser("~"))
+    results = {}
+    try:
+        for name, make, prioritized in _cases(quick):
+            results[name] = bench_shmreplay(shmreplay, name, make(), prioritized, directory,
+                                            repeats=inner)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print(json.dumps(results))
+
+
+def ab(other, repeats, quick, inner):
+    """Runs ``ab_worker`` for ``other`` and this checkout alternately; writes medians."""
+    trees = {"other": os.path.abspath(other), "this": C.REPO_ROOT}
+    info = C.machine_info()
+    runs = {side: [] for side in trees}
+    for round_ in range(repeats):
+        order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
+        for side in order:
+            command = [sys.executable, os.path.abspath(__file__), "--ab-worker", trees[side],
+                       "--inner", str(inner)]
+            out = subprocess.run(command + (["--quick"] if quick else []), check=True,
+                                 capture_output=True, text=True, timeout=1800)
+            runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(side, runs[side][-1], flush=True)
+    medians = {side: {case: {k: statistics.median(r[case][k] for r in runs[side])
+                             for k in runs[side][0][case]} for case in runs[side][0]}
+               for side in trees}
+    commits = {side: _commit(tree) for side, tree in trees.items()}
+    headers = ["case", "measure", f"other ({commits['other']})", f"this ({commits['this']})",
+               "this / other"]
+    rows = []
+    for case in medians["this"]:
+        for key, label in (("save_s", "save s"), ("restore_s", "restore s"),
+                           ("max_hold_s", "max pause s"), ("file_bytes", "file bytes")):
+            a, b = medians["other"][case][key], medians["this"][case][key]
+            cell = (lambda x: f"{x:.3f}") if key.endswith("_s") else (lambda x: f"{x:,.0f}")
+            rows.append([case, label, cell(a), cell(b), C.fmt_ratio(b / a)])
+    notes = [f"other: {trees['other']}; this: {trees['this']}",
+             f"medians of {repeats} runs per side, each in a fresh process, sides "
+             f"alternating (ABBA...); a run's figure is the median of its {inner} saves "
+             "and restores", "files on the local disk; every save ends with fsync",
+             f"load average at the end {C.load_average()}"]
+    markdown = (C.markdown_header("Checkpoint and restore: A/B", info, notes) + "\n"
+                + C.render_table(headers, rows, markdown=True))
+    print(C.render_table(headers, rows))
+    stem = f"checkpoint-ab-{info['date'][:10]}" + ("-quick" if quick else "")
+    payload = {"machine": info, "trees": trees, "commits": commits, "medians": medians,
+               "runs": runs}
+    for path in C.write_results(stem, payload, markdown):
+        print("wrote", path)
+
+
+def _commit(tree):
+    out = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True, timeout=5)
+    return out.stdout.strip() or "?"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--quick", action="store_true", help="a tenth of the items")
+    parser.add_argument("--ab", metavar="CHECKOUT",
+                        help="A/B of shmreplay alone: CHECKOUT's package against this one's")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per side of --ab")
+    parser.add_argument("--inner", type=int, default=3,
+                        help="saves and restores per run of --ab (their median)")
+    parser.add_argument("--ab-worker", metavar="CHECKOUT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ab_worker:
+        return ab_worker(os.path.abspath(args.ab_worker), args.quick, args.inner)
+    if args.ab:
+        return ab(args.ab, args.repeats, args.quick, args.inner)
     shmreplay, why = C.load_shmreplay()
     cpprb, why_cpprb = C.load_cpprb()
     info = C.machine_info()
-    scale = 10 if args.quick else 1
-    cases = [("small", _small(1_000_000 // scale), True), ("frames", _frames(20_000 // scale), False)]
+    cases = [(name, make(), prioritized) for name, make, prioritized in _cases(args.quick)]
     directory = tempfile.mkdtemp(prefix="shmreplay-bench-ckpt-", dir=os.path.expanduser("~"))
     results = {}
     try:

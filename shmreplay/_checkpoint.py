@@ -5,10 +5,12 @@ flushed to disk, then renamed over the destination: a crash at any point leaves 
 previous checkpoint at that path intact. Layout (little-endian)::
 
     0       FILE_HEADER   64 bytes: magic, format version, where the manifest is, its
-                          crc32, the file's length (a truncated file is refused)
-    64      arrays        raw C-order bytes, each 64-byte aligned
+                          crc32, the file's length (a truncated file is refused) and,
+                          since format 3, the crc32 of these fields; the rest is zero
+    64      arrays        raw C-order bytes, each 64-byte aligned (zero padding between)
     ...     manifest      cloudpickle of a dict: per table its configuration, storage,
-                          counters and where each of its arrays lies
+                          counters, where each of its arrays lies and, since format 3,
+                          each array's crc32; it ends the file
 
 Per table, the arrays hold its live items in insertion order (key, order, update
 number, times sampled, priority, and since format 2 the episode: a writer's episode id,
@@ -16,12 +18,19 @@ or -1 for an item that is its own episode) and their data: one array per column 
 store whole items; for step storage, the rows the items reference (renumbered
 densely) and each item's references.
 
+Since format 3 every byte of the file is checked: the header, the manifest and the
+padding on ``load``; each array's crc32 when it is read (``TableCheckpoint.array``,
+or all of a table's in a second thread while it is restored: ``checking``). Damage
+anywhere raises ``CheckpointError`` naming the part.
+
 Tables are snapshotted one at a time (``shmreplay._snapshot``); the disk is written
 after each table's lock is released. Restoring is ``shmreplay._restore``. The manifest
 is unpickled on load: a checkpoint file is trusted input, like any pickle (see
 ``docs/security.md``).
 """
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -35,13 +44,18 @@ from typing import Callable, Dict, List, Optional, Union
 import cloudpickle
 import numpy as np
 
+from shmreplay import _checkpoint_checks as _checks
 from shmreplay import _layout as L
 from shmreplay import errors
-from shmreplay._snapshot import COUNTERS, ITEM_FIELDS, TableSnapshot, snapshot_table
+from shmreplay._snapshot import ITEM_FIELDS, TableSnapshot, snapshot_table
 
 MAGIC = b"SHMRCKPT"
-FORMAT_VERSION = 2  # 2: each item's episode (format 1 files restore, each item its own)
-READABLE_VERSIONS = (1, 2)
+# 2: each item's episode (format 1 files restore, each item its own).
+# 3: a crc32 of the header and of every array (format 1 and 2 files restore, their
+#    arrays unchecksummed: their values are still checked, see ``_restore``).
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+CHECKSUMMED_FROM = 3
 FILE_HEADER = np.dtype([
     ("magic", "S8"),
     ("version", "<u4"),
@@ -49,8 +63,10 @@ FILE_HEADER = np.dtype([
     ("manifest_offset", "<i8"),
     ("manifest_len", "<i8"),
     ("file_len", "<i8"),
+    ("header_crc", "<u4"),  # of the bytes before it (format 3 on)
 ])
-FILE_HEADER_SIZE = 64
+_HEADER_CRC_COVERS = FILE_HEADER.fields["header_crc"][1]
+FILE_HEADER_SIZE = _checks.FILE_HEADER_SIZE
 _CHUNK = 16 << 20           # bytes per write (and per progress report)
 _SHOW_PROGRESS_FROM = 256 << 20  # progress=None shows a bar on a terminal from this size
 
@@ -85,15 +101,20 @@ def save(engines, path: str, buffer_name: str, progress: Progress = None) -> Sav
     tables, items, max_hold = [], {}, 0.0
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb") as file:
+        with os.fdopen(fd, "wb") as file, _checksummer() as checksummer:
             file.write(bytes(FILE_HEADER_SIZE))
             for engine, estimate in zip(engines, estimates):
                 snapshot = snapshot_table(engine)
                 actual = sum(a.nbytes for a in snapshot.arrays.values())
                 reporter.total += actual - estimate
                 entry = _manifest_entry(snapshot)
+                # crc32 runs in another thread while this one writes (both without the
+                # GIL): the checksums cost little of the save's time.
+                crcs = {key: checksummer.submit(crc32_of, array)
+                        for key, array in snapshot.arrays.items()}
                 for key, array in snapshot.arrays.items():
                     entry["arrays"][key] = _write_array(file, array, reporter)
+                entry["crc32"] = {key: crc.result() for key, crc in crcs.items()}
                 tables.append(entry)
                 items[snapshot.name] = snapshot.num_items
                 max_hold = max(max_hold, snapshot.hold_seconds)
@@ -110,6 +131,7 @@ def save(engines, path: str, buffer_name: str, progress: Progress = None) -> Sav
             header["manifest_offset"] = manifest_offset
             header["manifest_len"] = len(manifest)
             header["file_len"] = file.tell()
+            header["header_crc"] = zlib.crc32(header.tobytes()[:_HEADER_CRC_COVERS])
             size = file.tell()
             file.seek(0)
             file.write(header.tobytes().ljust(FILE_HEADER_SIZE, b"\0"))
@@ -129,6 +151,16 @@ def _manifest_entry(snapshot: TableSnapshot) -> dict:
     return {"name": snapshot.name, "config": snapshot.config, "storage": snapshot.storage,
             "capacity": snapshot.capacity, "slot_bits": snapshot.slot_bits,
             "counters": snapshot.counters, "num_items": snapshot.num_items, "arrays": {}}
+
+
+def _checksummer():
+    """The one thread that computes crc32s while the caller writes or copies."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shmreplay-crc32")
+
+
+def crc32_of(array: np.ndarray) -> int:
+    """The crc32 of ``array``'s bytes in C order (zlib releases the GIL meanwhile)."""
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
 def _write_array(file, array: np.ndarray, reporter) -> tuple:
@@ -258,13 +290,74 @@ class TableCheckpoint:
     path: str
     layout: Dict[str, tuple]
     mapped: object = None
+    checksums: Optional[Dict[str, int]] = None  # crc32 per array (format 3 on)
+    verified: set = dataclasses.field(default_factory=set)
+    pending: set = dataclasses.field(default_factory=set)  # being checked (``checking``)
 
     def array(self, key: str) -> np.ndarray:
+        """The array ``key``, read-only from the file. Its crc32 is checked on first use
+        (inside ``checking``: at the end of the ``with`` block).
+
+        Raises:
+          CheckpointError: if its bytes do not match the crc32 ``save`` recorded.
+        """
         offset, descr, shape = self.layout[key]
         dtype = np.lib.format.descr_to_dtype(descr)
         if int(np.prod(shape)) == 0:
-            return np.empty(shape, dtype)
-        return np.ndarray(tuple(shape), dtype, buffer=self.mapped, offset=offset)
+            array = np.empty(shape, dtype)
+        else:
+            array = np.ndarray(tuple(shape), dtype, buffer=self.mapped, offset=offset)
+        if (self.checksums is not None and key not in self.verified
+                and key not in self.pending):
+            self._check(key, crc32_of(array))
+        return array
+
+    @contextlib.contextmanager
+    def checking(self):
+        """Checks every array's crc32 in another thread while the ``with`` block reads
+        and copies them, and waits for the verdict at its end. Whatever the block made
+        of the values must stay invisible to others until the block has ended.
+
+        Raises:
+          CheckpointError: naming the first damaged array (in the file's order), also
+            when the block raised (damage explains a failure better than its symptom).
+        """
+        if self.checksums is None:
+            yield
+            return
+        keys = sorted(set(self.layout) - self.verified, key=lambda k: self.layout[k][0])
+        with _checksummer() as checksummer:
+            crcs = {key: checksummer.submit(crc32_of, self.array(key)) for key in keys}
+            self.pending.update(keys)
+            try:
+                yield
+            except Exception:
+                self._check_all(crcs)
+                raise
+            except BaseException:  # Ctrl-C: do not wait for the checksums
+                for crc in crcs.values():
+                    crc.cancel()
+                raise
+            finally:
+                self.pending.difference_update(keys)
+            self._check_all(crcs)
+
+    def _check_all(self, crcs):
+        for key, crc in crcs.items():
+            self._check(key, crc.result())
+
+    def _check(self, key: str, crc: int):
+        """Records array ``key`` as verified if ``crc`` (of its bytes) is the one saved.
+
+        Raises:
+          CheckpointError: naming the array, if it is not.
+        """
+        if crc != self.checksums[key]:
+            raise errors.CheckpointError(
+                f"Checkpoint {self.path}: table '{self.name}' array '{key}' is damaged: its "
+                f"crc32 is {crc:#010x}, the file recorded {self.checksums[key]:#010x}. "
+                "Restore another checkpoint (an older one, or a copy of this file).")
+        self.verified.add(key)
 
 
 @dataclasses.dataclass
@@ -298,14 +391,23 @@ def load(path: str) -> Checkpoint:
             header = np.frombuffer(raw[:FILE_HEADER.itemsize], FILE_HEADER)[0]
             if header["magic"] != MAGIC:
                 raise errors.CheckpointError(
-                    f"{path} is not a shmreplay checkpoint (magic {header['magic']!r}).")
+                    f"{path} is not a shmreplay checkpoint (the magic in its header is "
+                    f"{bytes(header['magic'])!r}, not {MAGIC!r}).")
             version = int(header["version"])
             if version not in READABLE_VERSIONS:
                 raise errors.CheckpointError(
-                    f"Checkpoint {path} has format version {version}; this shmreplay "
-                    f"reads versions {', '.join(map(str, READABLE_VERSIONS))}.")
+                    f"Checkpoint {path} has format version {version} in its header; this "
+                    f"shmreplay reads versions {', '.join(map(str, READABLE_VERSIONS))} "
+                    "(a newer shmreplay wrote it, or its header is damaged).")
+            if version >= CHECKSUMMED_FROM and (
+                    zlib.crc32(raw[:_HEADER_CRC_COVERS]) != int(header["header_crc"])
+                    or any(raw[FILE_HEADER.itemsize:])):
+                raise errors.CheckpointError(
+                    f"Checkpoint {path}: its header is damaged (crc32). Restore another "
+                    "checkpoint (an older one, or a copy of this file).")
             offset, length = int(header["manifest_offset"]), int(header["manifest_len"])
-            if int(header["file_len"]) != size or not (
+            ends = offset + length == size if version >= CHECKSUMMED_FROM else True
+            if int(header["file_len"]) != size or not ends or not (
                     FILE_HEADER_SIZE <= offset and 0 < length and offset + length <= size):
                 raise errors.CheckpointError(
                     f"Checkpoint {path} is truncated or corrupt: {size} bytes, its header "
@@ -319,82 +421,23 @@ def load(path: str) -> Checkpoint:
         raise errors.CheckpointError(f"{path} is a directory, not a checkpoint file.") from exc
     if zlib.crc32(manifest_bytes) != int(header["manifest_crc"]):
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest is corrupt (crc32).")
+    checksummed = version >= CHECKSUMMED_FROM
     try:
         manifest = cloudpickle.loads(manifest_bytes)
         tables = [TableCheckpoint(t["name"], t["config"], t["storage"], int(t["capacity"]),
                                   int(t["slot_bits"]), dict(t["counters"]), int(t["num_items"]),
-                                  path, dict(t["arrays"]), mapped)
+                                  path, dict(t["arrays"]), mapped,
+                                  dict(t["crc32"]) if checksummed else None)
                   for t in manifest["tables"]]
+        written_as = manifest["format"]
     except Exception as exc:
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest cannot be read.") from exc
+    if written_as != version:  # the manifest's crc held, so the header is wrong
+        raise errors.CheckpointError(
+            f"Checkpoint {path}: its header says format {version}, its manifest format "
+            f"{written_as!r}: the header is damaged.")
     for table in tables:
-        _check_table(path, size, table, version)
+        _checks.check_table(path, size, table, version)
+    if checksummed:
+        _checks.check_padding(path, mapped, tables, offset)
     return Checkpoint(path, int(manifest["created_ns"]), str(manifest["buffer"]), tables)
-
-
-def _check_table(path: str, size: int, table: "TableCheckpoint", version: int):
-    """Checks one table's manifest entry: its storage and every array's place, dtype and
-    shape against its item count (the arrays' values are checked by ``restore_table``).
-
-    Raises:
-      CheckpointError: if anything does not match what ``save`` writes.
-    """
-    from shmreplay import _storage
-    from shmreplay.table import Table
-
-    def corrupt(problem):
-        return errors.CheckpointError(f"Checkpoint {path}: table '{table.name}' {problem}.")
-
-    if not isinstance(table.config, Table) or table.config.name != table.name:
-        raise corrupt("has no valid configuration")
-    if table.storage is not None and (type(table.storage) is not _storage.Storage
-                                      or type(table.storage.steps) is not bool):
-        raise corrupt("has an invalid storage description")
-    if not (0 <= table.num_items <= table.capacity and table.capacity > 0
-            and table.slot_bits == L.slot_bits(table.capacity)):
-        raise corrupt(f"has {table.num_items} items in {table.capacity} slots of "
-                      f"{table.slot_bits} key bits")
-    if set(table.counters) != set(COUNTERS) or not all(
-            type(v) is int and v >= 0 for v in table.counters.values()):
-        raise corrupt("has invalid counters")
-    n = table.num_items
-    expected = {name: (np.dtype(np.int64), (n,)) for name in ITEM_FIELDS}
-    expected["priority"] = (np.dtype(np.float64), (n,))
-    if version >= 2:
-        expected["episode"] = (np.dtype(np.int64), (n,))
-    stored = None
-    storage = table.storage
-    if storage is not None:
-        try:
-            store_specs = [(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
-                           for spec in storage.store_specs]
-        except Exception as exc:
-            raise corrupt("has an invalid storage description") from exc
-        if storage.steps:
-            expected["refs"] = (np.dtype(np.int32), (n, storage.width))
-            try:  # the steps stored: every store holds as many
-                stored = table.layout["store0"][2][0]
-            except Exception:
-                stored = None
-            if type(stored) is not int or stored < 0 or not store_specs:
-                raise corrupt("has no valid step stores")
-        for index, (dtype, shape) in enumerate(store_specs):
-            expected[f"store{index}"] = (dtype, ((stored,) if storage.steps else (n,)) + shape)
-    if storage is not None and "forms" in table.layout:  # items' forms (_item_forms)
-        expected["forms"] = (np.dtype(np.int64), (n,))
-    if set(table.layout) != set(expected):
-        raise corrupt(f"has arrays {sorted(table.layout)}, not {sorted(expected)}")
-    for key, entry in table.layout.items():
-        try:
-            offset, descr, shape = entry
-            dtype = np.lib.format.descr_to_dtype(descr)
-            shape = tuple(shape)
-            valid = (type(offset) is int and all(type(d) is int for d in shape)
-                     and (dtype, shape) == expected[key])
-        except Exception:
-            valid = False
-        if not valid:
-            raise corrupt(f"array {key} is not {expected[key][0]} of shape {expected[key][1]}")
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if offset < FILE_HEADER_SIZE or offset + nbytes > size:
-            raise corrupt(f"array {key} lies outside the file")

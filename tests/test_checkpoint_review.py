@@ -256,8 +256,9 @@ def test_keys_of_a_run_never_name_items_after_a_restore_with_another_max_size(
 
 
 def _rewrite(path, edit_manifest=None, edit_file=None):
-    """Rewrites a checkpoint with an edited manifest (crc and lengths recomputed) and/or
-    edited bytes (arrays are not checksummed)."""
+    """Rewrites a checkpoint with an edited manifest and/or edited bytes, every crc32
+    and length recomputed: a forged file that the checksums cannot catch, whose values
+    the restore must still check."""
     data = bytearray(open(path, "rb").read())
     header = np.frombuffer(bytes(data[:_checkpoint.FILE_HEADER.itemsize]),
                            _checkpoint.FILE_HEADER)[0].copy()
@@ -267,11 +268,18 @@ def _rewrite(path, edit_manifest=None, edit_file=None):
         edit_manifest(manifest)
     if edit_file is not None:
         edit_file(data, manifest)
+    for table in manifest["tables"]:
+        for key, (start, descr, shape) in table["arrays"].items():
+            nbytes = np.lib.format.descr_to_dtype(descr).itemsize * int(np.prod(shape))
+            if 0 <= start and 0 <= nbytes and start + nbytes <= offset:
+                table["crc32"][key] = zlib.crc32(data[start:start + nbytes])
     blob = cloudpickle.dumps(manifest)
     data = data[:offset] + blob
     header["manifest_len"] = len(blob)
     header["manifest_crc"] = zlib.crc32(blob)
     header["file_len"] = len(data)
+    header["header_crc"] = zlib.crc32(header.tobytes()[:_checkpoint.FILE_HEADER.fields[
+        "header_crc"][1]])
     data[:_checkpoint.FILE_HEADER.itemsize] = header.tobytes()
     open(path, "wb").write(bytes(data))
 
@@ -336,7 +344,7 @@ _DAMAGE = {
     "object dtype": dict(edit_manifest=_layout("priority", lambda o, d, s: (o, "|O", s))),
     "missing array": dict(edit_manifest=lambda m: _table_entry(m)["arrays"].pop("times")),
     "item count": dict(edit_manifest=lambda m: _table_entry(m).update(num_items=5)),
-    # Array bytes are not checksummed: a flipped bit reaches the kernels unchecked.
+    # Forged values with matching checksums: the restore's value checks still refuse them.
     "two keys one slot": dict(edit_file=_set_key(
         1, lambda k, b: k[1] & ~((1 << b) - 1) | (k[0] & ((1 << b) - 1)))),
     "key of no slot": dict(edit_file=_set_key(1, lambda k, b: (k[1] >> b << b) | ((1 << b) - 1))),

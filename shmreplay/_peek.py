@@ -94,6 +94,9 @@ def peek(name: str, tables: bool = True) -> Peek:
     try:
         fd = os.open(header_path(name), _OPEN_FLAGS)
     except FileNotFoundError:
+        if segments_of(name):
+            return Peek(name, problem="its header segment is gone; only data segments are "
+                                      f"left (`shmreplay rm {name}` removes them)")
         return Peek(name, problem="it does not exist")
     except OSError as exc:  # a symlink (ELOOP), another user's private segment, ...
         return Peek(name, exists=True, problem=f"it cannot be opened ({exc.strerror})")
@@ -182,40 +185,37 @@ def _ctrl(fd: int, offset: int):
 
 
 def segments() -> Dict[str, List[str]]:
-    """``{buffer name: [its /dev/shm entries]}``, header segment first.
+    """``{buffer name: [its /dev/shm entries]}``, header segment first when present.
 
-    ``shmreplay.NAME.tI`` is table ``I``'s data segment of buffer ``NAME`` when that
-    buffer's header segment is there too; one left without it is listed under its own
-    name (``peek`` then says what it is).
+    Names are parsed by ``shmreplay._layout.parse_segment``: a buffer name never
+    contains the ``:`` that starts a data segment's own part, so each entry belongs
+    to exactly one buffer name.
     """
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:
         return {}
-    prefix = L.SEGMENT_PREFIX
-    names = {entry[len(prefix):] for entry in entries if entry.startswith(prefix)}
-    found = {name: [prefix + name] for name in sorted(names)
-             if not _is_data_segment(name, names)}
-    for name in sorted(names):
-        if _is_data_segment(name, names):
-            found.setdefault(name.rpartition(".t")[0], []).append(prefix + name)
-    return found
-
-
-def _is_data_segment(name: str, names) -> bool:
-    base, _, table = name.rpartition(".t")
-    return bool(base) and table.isdigit() and base in names
+    found: Dict[str, List[str]] = {}
+    for entry in sorted(entries):
+        parsed = L.parse_segment(entry)
+        if parsed is not None:
+            found.setdefault(parsed[0], []).append(entry)
+    for name, listed in found.items():
+        listed.sort(key=lambda entry: entry != L.SEGMENT_PREFIX + name)  # header first
+    return dict(sorted(found.items()))
 
 
 def segments_of(name: str) -> List[str]:
-    """The /dev/shm entries of buffer ``name``: its header and data segments."""
-    prefix = L.SEGMENT_PREFIX + name
+    """The /dev/shm entries of buffer ``name``: its header segment (first, if present)
+    and its data segments."""
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:
         return []
-    return sorted(e for e in entries if e == prefix or (
-        e.startswith(prefix + ".t") and e[len(prefix) + 2:].isdigit()))
+    header = L.SEGMENT_PREFIX + name
+    data = L.data_segment_prefix(name)
+    return sorted((e for e in entries if e == header or (
+        e.startswith(data) and L.parse_segment(e) is not None)), key=lambda e: (e != header, e))
 
 
 def memory(entries: List[str]) -> int:

@@ -118,3 +118,13 @@ class LayoutResetError(ShmReplayError, RuntimeError):
     """A table's layout was forgotten (``Client.reset`` of a table without a signature)
     while a call was under way. The library's calls retry on their own; a call that
     still sees it (the table reset again and again) may simply be repeated."""
+
+
+class SharedMemoryFullError(ShmReplayError, MemoryError):
+    """/dev/shm has not enough free space for a segment shmreplay must create; the
+    message names the size needed, the space free and what to do."""
+
+
+class SegmentSquattedError(ShmReplayError, FileExistsError):
+    """A name shmreplay must create in /dev/shm is taken by something not of ours
+    (another user's file, not a regular file); the message names its path and owner."""

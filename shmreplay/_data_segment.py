@@ -25,6 +25,7 @@ import numpy as np
 
 from shmreplay import _layout as L
 from shmreplay import _procs, _segment, _storage, errors, specs
+from shmreplay._kernels import creation
 
 _POLL_MAX = 0.02  # seconds between looks at a creation under way (from 1 ms, doubling)
 
@@ -44,7 +45,6 @@ def define(engine, storage, timeout=None):
       BufferBrokenError: the buffer was stopped.
       SharedMemoryFullError, SegmentSquattedError: from the creation.
     """
-    from shmreplay._kernels import creation
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     pid = os.getpid()
     start = _procs.start_time(pid)
@@ -95,7 +95,6 @@ def _stopped_note(pid: int) -> str:
 def _create_claimed(engine, storage, token: int):
     """Creates, maps and publishes the segment of the caller's claim ``token``; on any
     failure releases the claim, so that nobody waits for a creation given up."""
-    from shmreplay._kernels import creation
     try:
         segment, plan, generation = create(engine, storage, token)
     except BaseException:

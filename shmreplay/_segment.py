@@ -22,7 +22,7 @@ from typing import Optional, Set
 
 import posix_ipc
 
-from shmreplay import errors
+from shmreplay import _layout, errors
 
 PRIVATE_MODE = 0o600
 GROUP_MODE = 0o660
@@ -292,10 +292,12 @@ def _raise_if_squatted(name: str, what: str):
     elif statmod.S_IMODE(info.st_mode) & ~0o660:
         problem = f"has mode {statmod.S_IMODE(info.st_mode):04o}, which shmreplay never gives"
     if problem is not None:
+        buffer = (_layout.parse_segment(name[1:]) or ("NAME",))[0]
         raise errors.SegmentSquattedError(
             f"Cannot create {what}: {path} already exists and {problem} (owner uid "
             f"{info.st_uid}). Someone else made it, not shmreplay; it was not opened. "
-            f"Have its owner (or root) remove it, or use another buffer name.")
+            f"Have its owner (or root) remove it (`shmreplay rm --force {buffer}`), or "
+            "use another buffer name.")
 
 
 def unlink(name: str) -> bool:

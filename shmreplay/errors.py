@@ -125,6 +125,6 @@ class SharedMemoryFullError(ShmReplayError, MemoryError):
     message names the size needed, the space free and what to do."""
 
 
-class SegmentSquattedError(ShmReplayError, FileExistsError):
+class SegmentSquattedError(BufferExistsError):
     """A name shmreplay must create in /dev/shm is taken by something not of ours
     (another user's file, not a regular file); the message names its path and owner."""

@@ -167,6 +167,12 @@ def current_name(engine) -> str:
                                int(engine.ctrl[L.C_DATA_TOKEN]))
 
 
+def _forgotten_since(engine, generation: int) -> bool:
+    """Whether the layout of ``generation`` was forgotten (``reset``), or is not ready."""
+    return (int(engine.ctrl[L.C_LAYOUT_GEN]) != generation
+            or int(engine.ctrl[L.C_SCHEMA_READY]) == 0)
+
+
 def attach(engine):
     """Opens the data segment another process created and validates all of it;
     returns ``(segment, storage, plan, generation)`` for the engine to map, or None if
@@ -184,8 +190,14 @@ def attach(engine):
       LayoutMismatchError: if it is refused, foreign, truncated or inconsistent.
     """
     access = getattr(engine, "access", _segment.PRIVATE)
+    mapped_for = int(engine.ctrl[L.C_LAYOUT_GEN])  # (read before the token names it)
     name = current_name(engine)
-    segment = _segment.Segment.attach(name, f"table '{engine.name}' data", access)
+    try:
+        segment = _segment.Segment.attach(name, f"table '{engine.name}' data", access)
+    except errors.BufferNotFoundError:
+        if _forgotten_since(engine, mapped_for):
+            return None  # reset meanwhile: its name is gone, the next layout not ready
+        raise
 
     def corrupt(problem):
         return errors.LayoutMismatchError(
@@ -202,7 +214,11 @@ def attach(engine):
         complete = int(header["complete"][0])
         if complete != 1:
             # Its creator sets the flag before the table's C_SCHEMA_READY, and only a
-            # ready table's segment is attached: unfinished now means corrupt.
+            # ready table's segment is attached: unfinished now means corrupt, unless
+            # the table was reset meanwhile and this is the next layout's, being made.
+            if _forgotten_since(engine, mapped_for):
+                segment.close()
+                return None
             raise corrupt(f"has an invalid completion flag {complete}")
         length = int(header["schema_len"][0])
         if not 0 < length <= segment.size - L.DATA_HEADER_SIZE:
@@ -260,7 +276,7 @@ def attach(engine):
         if generation != engine.ctrl[L.C_LAYOUT_GEN]:
             # A layout forgotten (reset) since the table said ready: not this one.
             segment.close()
-            return False
+            return None
         if storage.steps and (engine.ctrl[L.C_ROW_CAPACITY] != plan.row_capacity
                               or engine.ctrl[L.C_REFS_WIDTH] != plan.width):
             raise corrupt(

@@ -43,8 +43,9 @@ One table region is five arrays (kernels receive them as views, never offsets):
   never cleared. Read only by ``TableInfo.num_episodes`` and checkpoints.
 
 Capacity is ``max_size + spare`` slots: ``spare`` slots let writers copy new items while
-the table is full (the remover evicts at commit, as Reverb does). Pages that are never
-written cost no memory (tmpfs allocates on first touch), so a large ``max_size`` is cheap.
+the table is full (the remover evicts at commit, as Reverb does). Every segment's
+memory is reserved when it is created (``_segment.Segment.create``), so that no write
+can meet a full /dev/shm later: a large ``max_size`` costs its memory from the start.
 """
 
 import dataclasses

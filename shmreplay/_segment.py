@@ -228,12 +228,13 @@ SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
 
 
 def free_bytes() -> Optional[int]:
-    """Bytes that /dev/shm can still allocate (None if it cannot be told)."""
+    """Bytes that /dev/shm can still allocate (None if it cannot be told, or if it has
+    no limit: a tmpfs mounted with ``size=0`` reports no blocks at all)."""
     try:
         stat = os.statvfs(SHM_DIR)
     except OSError:
         return None
-    return stat.f_bavail * stat.f_frsize
+    return stat.f_bavail * stat.f_frsize if stat.f_blocks else None
 
 
 def _full(size: int, free: Optional[int], name: str, what: str) -> errors.SharedMemoryFullError:

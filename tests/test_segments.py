@@ -252,7 +252,7 @@ def test_a_table_larger_than_dev_shm_is_refused_at_creation(buffer_name):
     with shmreplay.Server([big], name=buffer_name) as server:
         client = shmreplay.Client(server.name)
         with pytest.raises(errors.SharedMemoryFullError, match="data segment of table 'big'"):
-            client.insert(np.zeros(2**13), {"big": 1.0}, timeout=1)  # 64 KiB x 10^6 slots
+            client.insert(np.zeros(2**17), {"big": 1.0}, timeout=1)  # 1 MiB x 10^6 slots
         client.insert(np.zeros(2), {"big": 1.0}, timeout=1)  # the table was left as it was
         assert len(_peek.segments_of(server.name)) == 2
         client.close()

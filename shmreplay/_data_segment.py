@@ -24,7 +24,7 @@ import cloudpickle
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _procs, _segment, _storage, errors, specs
+from shmreplay import _lock_waits, _procs, _segment, _storage, errors, specs
 from shmreplay._kernels import creation
 
 _POLL_MAX = 0.02  # seconds between looks at a creation under way (from 1 ms, doubling)
@@ -53,7 +53,8 @@ def define(engine, storage, timeout=None):
     pause = 0.001
     while not engine.has_columns():
         token = L.new_token()
-        status = creation.claim(*engine.arrays, pid, start, token, dead[0], dead[1], out)
+        status = _lock_waits.call(engine, deadline, timeout, "insert", creation.claim, pid,
+                                  start, token, dead[0], dead[1], out)
         if status < 0:
             engine._raise_status(status)
         if status == creation.READY:
@@ -80,6 +81,15 @@ def define(engine, storage, timeout=None):
         pause = min(pause * 2, _POLL_MAX)
 
 
+def _release(engine, token: int):
+    """Gives the claim ``token`` up (on the way out of a failed creation, whose error
+    is the one to report: a stopped buffer needs no release)."""
+    try:
+        _lock_waits.call(engine, None, None, "insert", creation.release, token)
+    except errors.ShmReplayError:
+        pass
+
+
 def _stopped_note(pid: int) -> str:
     """`` (stopped: ...)`` if the process is stopped (Ctrl-Z, SIGSTOP, a debugger)."""
     try:
@@ -98,13 +108,13 @@ def _create_claimed(engine, storage, token: int):
     try:
         segment, plan, generation = create(engine, storage, token)
     except BaseException:
-        creation.release(*engine.arrays, token)
+        _release(engine, token)
         raise
     status = None
     try:
         engine._map_columns(segment, storage, plan, generation)
-        status = creation.finish(*engine.arrays, token, int(storage.steps),
-                                 plan.row_capacity, plan.width)
+        status = _lock_waits.call(engine, None, None, "insert", creation.finish, token,
+                                  int(storage.steps), plan.row_capacity, plan.width)
     finally:
         if status != 1:
             # Stopped meanwhile (the owner may have unlinked the names already), or
@@ -113,7 +123,7 @@ def _create_claimed(engine, storage, token: int):
             if engine.data_segment is not segment:
                 segment.close()
             engine._drop_layout(int(engine.ctrl[L.C_LAYOUT_GEN]))
-            creation.release(*engine.arrays, token)
+            _release(engine, token)
     if status == 0:
         raise errors.BufferBrokenError(
             f"Table '{engine.name}': its data segment's creation by this process was taken "

@@ -18,7 +18,7 @@ import time
 import cloudpickle
 
 from shmreplay import _layout as L
-from shmreplay import _procs, _segment, errors
+from shmreplay import _peek, _procs, _segment, errors
 from shmreplay._procs import start_time
 from shmreplay._kernels import codes
 from shmreplay._table import TableEngine
@@ -84,7 +84,8 @@ def create(name: str, configs, mode: int = 0o600, checkpoint_root=None,
         raise ValueError(f"Segment mode must be 0o600 or 0o660, got {mode:#o}.")
     blob = cloudpickle.dumps({"tables": list(configs), "checkpoint_root": checkpoint_root})
     plan = L.plan_buffer(configs, len(blob))
-    segment = _segment.Segment.create(L.header_segment_name(name), plan.total_bytes, mode)
+    segment = _segment.Segment.create(L.header_segment_name(name), plan.total_bytes, mode,
+                                      what=f"buffer '{name}'")
     try:
         header = L.header_view(segment.buf)
         header["magic"] = L.MAGIC
@@ -111,8 +112,7 @@ def create(name: str, configs, mode: int = 0o600, checkpoint_root=None,
         header["state"] = L.STATE_ACTIVE
         return buffer
     except BaseException:
-        for index in range(len(configs)):
-            _segment.unlink(L.data_segment_name(name, index))
+        _unlink_data_segments(name)
         segment.unlink()
         segment.close()
         raise
@@ -334,8 +334,17 @@ def _check_tables(name: str, buffer: Buffer):
                     f"(float word {word}).")
 
 
-def unlink_all(name: str, num_tables: int):
-    """Removes every segment name of a buffer (idempotent)."""
-    for index in range(num_tables):
-        _segment.unlink(L.data_segment_name(name, index))
+def unlink_all(name: str, num_tables: int = 0):
+    """Removes every segment name of a buffer (idempotent): its data segments, then its
+    header segment (while the header exists no new buffer can take the name, so every
+    data segment listed is this buffer's). ``num_tables`` is not needed any more."""
+    _unlink_data_segments(name)
     _segment.unlink(L.header_segment_name(name))
+
+
+def _unlink_data_segments(name: str):
+    """Unlinks every data segment of buffer ``name``: those of its live layouts, of
+    layouts forgotten by ``reset`` and of creations their process did not finish."""
+    for entry in _peek.segments_of(name):
+        if L.parse_segment(entry) != (name, None):
+            _segment.unlink("/" + entry)

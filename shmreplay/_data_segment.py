@@ -1,6 +1,15 @@
 """A table's data segment: created by the process whose item first defines the table's
 layout, and validated in full by every other process before it maps it.
 
+Creation (``define``) is claimed under the table's lock, so one process creates and the
+others wait for it. A waiter takes the creation over only once the claimant is dead
+(its pid and start time, ``shmreplay._procs.pid_alive``), never because it is slow: a
+stopped or swapped-out creator finishes when it runs again, and its items are the
+table's. Each claim draws a random token for the segment's name
+(``_layout.data_segment_name``), so a taker-over never meets the dead claimant's file
+(it unlinks it), and nobody who cannot read the buffer's header can create a file
+under the name before the creator does.
+
 The segment starts with a header (``_layout.DATA_HEADER``: magic, version, completion
 flag, the pickled ``_storage.Storage``'s length, size and layout generation), then the
 storage description itself, then the arrays ``_layout.plan_data`` places. A process
@@ -8,15 +17,124 @@ that attaches trusts none of it until checked: another user (a group member) or 
 crash may have left anything there. ``TableEngine`` maps what these functions return.
 """
 
+import os
+import time
+
 import cloudpickle
 import numpy as np
 
 from shmreplay import _layout as L
-from shmreplay import _segment, _storage, errors, specs
+from shmreplay import _lock_waits, _procs, _segment, _storage, errors, specs
+from shmreplay._kernels import creation
+
+_POLL_MAX = 0.02  # seconds between looks at a creation under way (from 1 ms, doubling)
 
 
-def create(engine, storage):
-    """Creates and fills ``engine``'s table's data segment for ``storage``; returns
+def define(engine, storage, timeout=None):
+    """Makes ``storage`` the table's layout unless some process did already: claims the
+    creation and creates the segment, or waits for the process that claimed it.
+
+    Args:
+      engine: The table's ``TableEngine``.
+      storage: The layout (``shmreplay._storage.Storage``) the caller's item defines.
+      timeout: Seconds to wait for another process's creation (None: while it lives).
+
+    Raises:
+      DeadlineExceededError: another (live) process is creating the segment and did
+        not finish within ``timeout``; the message names it and whether it is stopped.
+      BufferBrokenError: the buffer was stopped.
+      SharedMemoryFullError, SegmentSquattedError: from the creation.
+    """
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    pid = os.getpid()
+    start = _procs.start_time(pid)
+    out = np.zeros(3, np.int64)
+    dead = (0, 0)
+    pause = 0.001
+    while not engine.has_columns():
+        token = L.new_token()
+        status = _lock_waits.call(engine, deadline, timeout, "insert", creation.claim, pid,
+                                  start, token, dead[0], dead[1], out)
+        if status < 0:
+            engine._raise_status(status)
+        if status == creation.READY:
+            continue  # (has_columns maps it)
+        if status == creation.CLAIMED:
+            if dead[0] and out[0] == dead[0]:  # the dead claimant's file, if it made one
+                _segment.unlink(L.data_segment_name(engine.buffer_name, engine.index,
+                                                    int(out[2])))
+            _create_claimed(engine, storage, token)
+            return
+        holder, holder_start = int(out[0]), int(out[1])
+        if not _procs.pid_alive(holder, holder_start):
+            dead = (holder, holder_start)
+            continue
+        dead = (0, 0)
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise errors.DeadlineExceededError(
+                f"Table '{engine.name}': its data segment is being created by pid {holder}"
+                f"{_stopped_note(holder)}, which did not finish within the timeout of "
+                f"{errors.seconds(timeout)}. Its creation is taken over only once that "
+                "process is dead; call again later, or end it if it is stuck.")
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+        pause = min(pause * 2, _POLL_MAX)
+
+
+def _release(engine, token: int):
+    """Gives the claim ``token`` up (on the way out of a failed creation, whose error
+    is the one to report: a stopped buffer needs no release)."""
+    try:
+        _lock_waits.call(engine, None, None, "insert", creation.release, token)
+    except errors.ShmReplayError:
+        pass
+
+
+def _stopped_note(pid: int) -> str:
+    """`` (stopped: ...)`` if the process is stopped (Ctrl-Z, SIGSTOP, a debugger)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    if state in (b"T", b"t"):
+        return " (stopped: SIGSTOP, Ctrl-Z or a debugger; SIGCONT lets it finish)"
+    return ""
+
+
+def _create_claimed(engine, storage, token: int):
+    """Creates, maps and publishes the segment of the caller's claim ``token``; on any
+    failure releases the claim, so that nobody waits for a creation given up."""
+    try:
+        segment, plan, generation = create(engine, storage, token)
+    except BaseException:
+        _release(engine, token)
+        raise
+    status = None
+    try:
+        engine._map_columns(segment, storage, plan, generation)
+        status = _lock_waits.call(engine, None, None, "insert", creation.finish, token,
+                                  int(storage.steps), plan.row_capacity, plan.width)
+    finally:
+        if status != 1:
+            # Stopped meanwhile (the owner may have unlinked the names already), or
+            # failed: remove ours rather than leak it.
+            segment.unlink()
+            if engine.data_segment is not segment:
+                segment.close()
+            engine._drop_layout(int(engine.ctrl[L.C_LAYOUT_GEN]))
+            _release(engine, token)
+    if status == 0:
+        raise errors.BufferBrokenError(
+            f"Table '{engine.name}': its data segment's creation by this process was taken "
+            "over by another: the table's control block is inconsistent.")
+    if status != 1:
+        engine._raise_status(status)
+
+
+def create(engine, storage, token: int):
+    """Creates and fills ``engine``'s table's data segment for ``storage`` under the
+    name of ``token`` (the caller's claim, see ``TableEngine.define_storage``); returns
     ``(segment, plan, generation)`` for the engine to map.
 
     Its mode and group follow the buffer's header, whichever process creates it:
@@ -24,13 +142,16 @@ def create(engine, storage):
     owner's group (``engine.access``, which ``shmreplay._buffer.Buffer`` sets).
 
     Raises:
-      FileExistsError: if another process created it first.
+      FileExistsError, SegmentSquattedError: if the name exists (see
+        ``_segment.Segment.create``).
+      SharedMemoryFullError: if /dev/shm cannot hold it.
     """
     access = getattr(engine, "access", _segment.PRIVATE)
     blob = cloudpickle.dumps(storage)
     plan = L.plan_data(storage, engine.capacity, len(blob))
-    name = L.data_segment_name(engine.buffer_name, engine.index)
-    segment = _segment.Segment.create(name, plan.total_bytes, access.mode, access.group)
+    name = L.data_segment_name(engine.buffer_name, engine.index, token)
+    segment = _segment.Segment.create(name, plan.total_bytes, access.mode, access.group,
+                                      f"the data segment of table '{engine.name}'")
     generation = int(engine.ctrl[L.C_LAYOUT_GEN])  # (stable: the layout is not ready)
     try:
         header = L.data_header_view(segment.buf)
@@ -50,6 +171,18 @@ def create(engine, storage):
     return segment, plan, generation
 
 
+def current_name(engine) -> str:
+    """The name of the table's data segment, from the token its control block holds."""
+    return L.data_segment_name(engine.buffer_name, engine.index,
+                               int(engine.ctrl[L.C_DATA_TOKEN]))
+
+
+def _forgotten_since(engine, generation: int) -> bool:
+    """Whether the layout of ``generation`` was forgotten (``reset``), or is not ready."""
+    return (int(engine.ctrl[L.C_LAYOUT_GEN]) != generation
+            or int(engine.ctrl[L.C_SCHEMA_READY]) == 0)
+
+
 def attach(engine):
     """Opens the data segment another process created and validates all of it;
     returns ``(segment, storage, plan, generation)`` for the engine to map, or None if
@@ -67,8 +200,14 @@ def attach(engine):
       LayoutMismatchError: if it is refused, foreign, truncated or inconsistent.
     """
     access = getattr(engine, "access", _segment.PRIVATE)
-    name = L.data_segment_name(engine.buffer_name, engine.index)
-    segment = _segment.Segment.attach(name, f"table '{engine.name}' data", access)
+    mapped_for = int(engine.ctrl[L.C_LAYOUT_GEN])  # (read before the token names it)
+    name = current_name(engine)
+    try:
+        segment = _segment.Segment.attach(name, f"table '{engine.name}' data", access)
+    except errors.BufferNotFoundError:
+        if _forgotten_since(engine, mapped_for):
+            return None  # reset meanwhile: its name is gone, the next layout not ready
+        raise
 
     def corrupt(problem):
         return errors.LayoutMismatchError(
@@ -85,7 +224,11 @@ def attach(engine):
         complete = int(header["complete"][0])
         if complete != 1:
             # Its creator sets the flag before the table's C_SCHEMA_READY, and only a
-            # ready table's segment is attached: unfinished now means corrupt.
+            # ready table's segment is attached: unfinished now means corrupt, unless
+            # the table was reset meanwhile and this is the next layout's, being made.
+            if _forgotten_since(engine, mapped_for):
+                segment.close()
+                return None
             raise corrupt(f"has an invalid completion flag {complete}")
         length = int(header["schema_len"][0])
         if not 0 < length <= segment.size - L.DATA_HEADER_SIZE:
@@ -143,7 +286,7 @@ def attach(engine):
         if generation != engine.ctrl[L.C_LAYOUT_GEN]:
             # A layout forgotten (reset) since the table said ready: not this one.
             segment.close()
-            return False
+            return None
         if storage.steps and (engine.ctrl[L.C_ROW_CAPACITY] != plan.row_capacity
                               or engine.ctrl[L.C_REFS_WIDTH] != plan.width):
             raise corrupt(

@@ -36,7 +36,7 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
     for plan in plans:
         engine, proposal = plan[0], plan[3]
         if proposal is not None:  # a table's first item fixes its storage
-            engine.define_storage(proposal)
+            engine.define_storage(proposal, timeout)
             plan[1], _, plan[4] = _inputs.prepare_leaves(engine, leaves, treedef, batched)
     reserved = _reserve_in_every_table([plan[0] for plan in plans], count, deadline, timeout)
     try:

@@ -9,8 +9,10 @@ A buffer named ``NAME`` is a set of POSIX shared-memory segments:
     ...     table 0       control block, slot metadata, priorities, sum-trees
     ...     table 1       ...
 
-``/shmreplay.NAME.tI`` (the *data segment* of table ``I``, created when its columns
-are known: by the Server when the table has a signature, else by the first insert)::
+``/shmreplay.NAME:tI:TOKEN`` (the *data segment* of table ``I``, created when its
+columns are known: by the Server when the table has a signature, else by the first
+insert; ``TOKEN`` is random per creation and recorded in the table's ``C_DATA_TOKEN``,
+see ``data_segment_name``)::
 
     0       DATA_HEADER   64 bytes: magic, layout version, schema length, complete flag
     64      schema blob   cloudpickle of the signature (a nest of TensorSpec)
@@ -41,11 +43,13 @@ One table region is five arrays (kernels receive them as views, never offsets):
   never cleared. Read only by ``TableInfo.num_episodes`` and checkpoints.
 
 Capacity is ``max_size + spare`` slots: ``spare`` slots let writers copy new items while
-the table is full (the remover evicts at commit, as Reverb does). Pages that are never
-written cost no memory (tmpfs allocates on first touch), so a large ``max_size`` is cheap.
+the table is full (the remover evicts at commit, as Reverb does). Every segment's
+memory is reserved when it is created (``_segment.Segment.create``), so that no write
+can meet a full /dev/shm later: a large ``max_size`` costs its memory from the start.
 """
 
 import dataclasses
+import os
 from typing import List
 
 import numpy as np
@@ -54,8 +58,8 @@ from shmreplay._kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 6  # 4: the episodes array; 5: item forms and layout stamps;
-# 6: writer stamps and the owner carry their pid namespace (``shmreplay._procs``)
+LAYOUT_VERSION = 6  # 4: the episodes array; 5: item forms and layout stamps; 6: segment
+# names, and writer stamps and the owner carry their pid namespace (``shmreplay._procs``)
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -119,7 +123,11 @@ MUTEX_WORDS = 8
  # process's step arrays carry the generation they were mapped for (``stamp_rows``),
  # and kernels refuse a stale one with UNMAPPED: no process writes or reads through a
  # mapping of a forgotten layout.
- C_LAYOUT_GEN) = range(MUTEX_WORDS, MUTEX_WORDS + 47)
+ C_LAYOUT_GEN,
+ # The data segment's creation (``shmreplay._data_segment``): the random token in its
+ # name, and the process creating it now (0 once it is made). Others wait while that
+ # process lives and take over only once it is dead (pid and start time, never a delay).
+ C_DATA_TOKEN, C_CREATOR_PID, C_CREATOR_START) = range(MUTEX_WORDS, MUTEX_WORDS + 50)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
@@ -344,9 +352,46 @@ def data_header_view(buf) -> np.ndarray:
     return np.frombuffer(buf, DATA_HEADER, 1, 0)[0:1]
 
 
+# Segment names. A buffer's name is ``[A-Za-z0-9_.-]`` (``table.validate_name``), so it
+# never contains ``DATA_SEPARATOR``: everything from the first ``:`` on is a data
+# segment's own part, and no buffer's segment can be named like another buffer's.
+DATA_SEPARATOR = ":"
+
+
 def header_segment_name(buffer_name: str) -> str:
     return "/" + SEGMENT_PREFIX + buffer_name
 
 
-def data_segment_name(buffer_name: str, table_index: int) -> str:
-    return f"/{SEGMENT_PREFIX}{buffer_name}.t{table_index}"
+def data_segment_prefix(buffer_name: str) -> str:
+    """What every data segment entry of buffer ``buffer_name`` in /dev/shm starts with."""
+    return f"{SEGMENT_PREFIX}{buffer_name}{DATA_SEPARATOR}t"
+
+
+def data_segment_name(buffer_name: str, table_index: int, token: int) -> str:
+    """``/shmreplay.NAME:tI:TOKEN``. The token is random per creation (``new_token``)
+    and kept in the table's ``C_DATA_TOKEN``: nobody who cannot read the buffer's header
+    can know the name before the segment exists, so nobody can take it first."""
+    return f"/{data_segment_prefix(buffer_name)}{table_index}{DATA_SEPARATOR}{token:016x}"
+
+
+def new_token() -> int:
+    """A random, nonzero 63-bit data segment token."""
+    return (int.from_bytes(os.urandom(8), "little") >> 1) or 1
+
+
+def parse_segment(entry: str):
+    """``(buffer name, table index)`` of a /dev/shm entry of ours (index None for a
+    header segment), or None if the entry is not a shmreplay segment name."""
+    if not entry.startswith(SEGMENT_PREFIX):
+        return None
+    rest = entry[len(SEGMENT_PREFIX):]
+    name, separator, tail = rest.partition(DATA_SEPARATOR)
+    if not name:
+        return None
+    if not separator:
+        return name, None
+    table, separator, token = tail[1:].partition(DATA_SEPARATOR)
+    if (not tail.startswith("t") or not table.isdigit() or not separator
+            or len(token) != 16 or token.strip("0123456789abcdef")):
+        return None
+    return name, int(table)

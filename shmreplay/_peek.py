@@ -107,6 +107,9 @@ def peek(name: str, tables: bool = True) -> Peek:
     try:
         fd = os.open(header_path(name), _OPEN_FLAGS)
     except FileNotFoundError:
+        if segments_of(name):
+            return Peek(name, problem="its header segment is gone; only data segments are "
+                                      f"left (`shmreplay rm {name}` removes them)")
         return Peek(name, problem="it does not exist")
     except OSError as exc:  # a symlink (ELOOP), another user's private segment, ...
         return Peek(name, exists=True, problem=f"it cannot be opened ({exc.strerror})")
@@ -213,41 +216,31 @@ def _ctrl(fd: int, offset: int):
 def segments() -> Dict[str, List[str]]:
     """``{buffer name: [its /dev/shm entries]}``, header segment first.
 
-    ``shmreplay.NAME.tI`` is table ``I``'s data segment of buffer ``NAME`` when that
-    buffer's header segment is there too and the entry is a regular file owned as the
-    header is (``_belongs``). Anything else, a data segment left without its header, a
-    FIFO, directory or symlink, another user's file, is listed under its own name, as
-    a buffer of its own: ``peek`` then says what it is, ``gc`` leaves it alone, and it
-    is never removed with a buffer it does not belong to.
+    Names are parsed by ``shmreplay._layout.parse_segment`` (a buffer name never
+    contains the ``:`` that starts a data segment's own part, so each entry names
+    exactly one buffer). A data segment is listed with its buffer when that buffer's
+    header segment is there and the entry is a regular file owned as the header is
+    (``_belongs``). Anything else, a data segment left without its header, a FIFO,
+    directory or symlink, another user's file, is listed under its own name, as a
+    buffer of its own: ``peek`` then says what it is, ``gc`` leaves it alone, and it is
+    never removed with a buffer it does not belong to.
     """
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:
         return {}
-    prefix = L.SEGMENT_PREFIX
-    names = {entry[len(prefix):] for entry in entries if entry.startswith(prefix)}
-    found = {name: [prefix + name] for name in sorted(names)
-             if not _is_data_segment(name, names)}
-    for name in sorted(names):
-        if _is_data_segment(name, names):
-            base = _data_segment_base(name)
-            if _belongs(prefix + name, prefix + base):
-                found[base].append(prefix + name)
-            else:
-                found[name] = [prefix + name]
-    return found
-
-
-def _data_segment_base(name: str) -> Optional[str]:
-    """The buffer whose data segment ``name`` would be (``NAME.tI`` -> ``NAME``), or None:
-    the one place that parses data-segment names."""
-    base, _, table = name.rpartition(".t")
-    return base if base and table.isdigit() else None
-
-
-def _is_data_segment(name: str, names) -> bool:
-    base = _data_segment_base(name)
-    return base is not None and base in names
+    parsed = {entry: L.parse_segment(entry) for entry in entries}
+    headers = {found[0] for found in parsed.values()
+               if found is not None and found[1] is None}
+    result: Dict[str, List[str]] = {name: [L.SEGMENT_PREFIX + name] for name in headers}
+    for entry, found in sorted(parsed.items()):
+        if found is None or found[1] is None:
+            continue
+        if found[0] in headers and _belongs(entry, L.SEGMENT_PREFIX + found[0]):
+            result[found[0]].append(entry)
+        else:
+            result[entry[len(L.SEGMENT_PREFIX):]] = [entry]
+    return dict(sorted(result.items()))
 
 
 def _belongs(entry: str, header_entry: str) -> bool:
@@ -270,16 +263,17 @@ def _belongs(entry: str, header_entry: str) -> bool:
 
 
 def segments_of(name: str) -> List[str]:
-    """The /dev/shm entries of buffer ``name``: its header segment (whatever it is) and
-    the data segments that belong to it (see ``segments``)."""
-    header = L.SEGMENT_PREFIX + name
+    """The /dev/shm entries of buffer ``name``: its header segment (first, if present,
+    whatever it is) and the data segments that belong to it (see ``segments``)."""
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:
         return []
-    return sorted(e for e in entries if e == header or (
-        e.startswith(L.SEGMENT_PREFIX) and _data_segment_base(e[len(L.SEGMENT_PREFIX):]) == name
-        and _belongs(e, header)))
+    header = L.SEGMENT_PREFIX + name
+    data = L.data_segment_prefix(name)
+    return sorted((e for e in entries if e == header or (
+        e.startswith(data) and L.parse_segment(e) is not None and _belongs(e, header))),
+        key=lambda e: (e != header, e))
 
 
 def memory(entries: List[str]) -> int:

@@ -22,7 +22,7 @@ from typing import Optional, Set
 
 import posix_ipc
 
-from shmreplay import errors
+from shmreplay import _layout, errors
 
 PRIVATE_MODE = 0o600
 GROUP_MODE = 0o660
@@ -74,30 +74,42 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int, mode: int = PRIVATE_MODE,
-               group: Optional[int] = None) -> "Segment":
-        """Creates and maps a new zero-filled segment; fails if the name exists.
+               group: Optional[int] = None, what: str = "segment") -> "Segment":
+        """Creates and maps a new zero-filled segment with all its memory reserved;
+        fails if the name exists.
+
+        The memory is allocated now (``posix_fallocate``): tmpfs otherwise allocates a
+        page when it is first written, and a write that finds /dev/shm full kills its
+        process with SIGBUS. A segment larger than the free space is refused before
+        anything is created.
 
         Args:
           name: The POSIX name.
           size: Its size in bytes.
           mode: Its permission bits, set exactly (the process umask does not apply).
           group: The gid to give it; ``None`` keeps the creating process's.
+          what: What the segment is, for error messages (``"buffer 'x'"``).
 
         Raises:
-          FileExistsError: if a segment of this name exists.
+          FileExistsError: if a segment of ours has this name.
+          SegmentSquattedError: if something not ours has it (another user's file, not
+            a regular file, or a mode shmreplay never gives).
+          SharedMemoryFullError: if /dev/shm has less free space than ``size``.
           PermissionError: if ``group`` is not one of the caller's groups.
         """
         self = cls()
         self.name = name
-        _warn_if_larger_than_free_space(size, name)
+        check_free_space(size, name, what)
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode, size=size)
         except posix_ipc.ExistentialError as exc:
+            _raise_if_squatted(name, what)
             raise FileExistsError(f"shared-memory segment {name} already exists") from exc
         try:
             os.fchmod(shm.fd, mode)  # the process umask must not widen or narrow it
             if group is not None and os.fstat(shm.fd).st_gid != group:
                 os.fchown(shm.fd, -1, group)
+            _reserve(shm.fd, size, name, what)
             stat = os.fstat(shm.fd)
             self.uid, self.gid, self.mode = stat.st_uid, stat.st_gid, stat.st_mode & 0o777
             self.inode = stat.st_ino
@@ -256,20 +268,81 @@ def check_access(name: str, what: str, stat: os.stat_result, access: Access = PR
             f"its group (mode {mode:04o}).")
 
 
-def _warn_if_larger_than_free_space(size: int, name: str):
-    # tmpfs accepts any size and allocates on first write; writing past its limit kills
-    # the writer with SIGBUS. Say so now rather than then.
+SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
+
+
+def free_bytes() -> Optional[int]:
+    """Bytes that /dev/shm can still allocate (None if it cannot be told, or if it has
+    no limit: a tmpfs mounted with ``size=0`` reports no blocks at all)."""
     try:
-        stat = os.statvfs("/dev/shm")
+        stat = os.statvfs(SHM_DIR)
     except OSError:
-        return
-    free = stat.f_bavail * stat.f_frsize
-    if size > free:
-        warnings.warn(
-            f"Segment {name} reserves {size / 2**30:.1f} GiB but /dev/shm has only "
-            f"{free / 2**30:.1f} GiB free: memory is allocated as items are written, and "
-            "filling the table beyond the free space will crash the writing process.",
-            ResourceWarning, stacklevel=4)
+        return None
+    return stat.f_bavail * stat.f_frsize if stat.f_blocks else None
+
+
+def _full(size: int, free: Optional[int], name: str, what: str) -> errors.SharedMemoryFullError:
+    have = "an unknown amount" if free is None else _gib(free)
+    return errors.SharedMemoryFullError(
+        f"Cannot create {what} ({SHM_DIR}{name}): it needs {_gib(size)} of shared memory "
+        f"and {SHM_DIR} has {have} free. Use a smaller max_size (or fewer tables), free "
+        f"{SHM_DIR} (`shmreplay ls`, `shmreplay gc`), or give the machine or container a "
+        "larger /dev/shm (docker run --shm-size=..., or mount -o remount,size=... /dev/shm).")
+
+
+def _gib(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB ({count} bytes)"
+
+
+def check_free_space(size: int, name: str, what: str):
+    """Refuses a segment larger than /dev/shm's free space before anything is made.
+
+    Raises:
+      SharedMemoryFullError: naming the size needed and the space free.
+    """
+    free = free_bytes()
+    if free is not None and size > free:
+        raise _full(size, free, name, what)
+
+
+def _reserve(fd: int, size: int, name: str, what: str):
+    """Allocates every page of the segment now, so that no later write can fail.
+    Costs the time to zero ``size`` bytes (docs/performance.md)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise _full(size, free_bytes(), name, what) from exc
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        # (A filesystem without fallocate: pages are allocated on first write.)
+
+
+def _raise_if_squatted(name: str, what: str):
+    """Raises if the existing ``name`` is not a segment this user could have made.
+
+    Raises:
+      SegmentSquattedError: naming the path, its owner and what it is.
+    """
+    path = SHM_DIR + name
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return  # gone again, or not inspectable: report it as merely taken
+    problem = None
+    if not _stat.S_ISREG(info.st_mode):
+        problem = "is not a regular file"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    elif _stat.S_IMODE(info.st_mode) & ~0o660:
+        problem = f"has mode {_stat.S_IMODE(info.st_mode):04o}, which shmreplay never gives"
+    if problem is not None:
+        buffer = (_layout.parse_segment(name[1:]) or ("NAME",))[0]
+        raise errors.SegmentSquattedError(
+            f"Cannot create {what}: {path} already exists and {problem} (owner uid "
+            f"{info.st_uid}). Someone else made it, not shmreplay; it was not opened. "
+            f"Have its owner (or root) remove it (`shmreplay rm --force {buffer}`), or "
+            "use another buffer name.")
 
 
 def unlink(name: str) -> bool:
@@ -312,6 +385,6 @@ def exists(name: str) -> bool:
 def resident_bytes(name: str) -> int:
     """Bytes of memory a segment occupies now (tmpfs allocates pages on first write)."""
     try:
-        return os.stat("/dev/shm" + name).st_blocks * 512  # Linux maps POSIX shm there
+        return os.stat(SHM_DIR + name).st_blocks * 512  # Linux maps POSIX shm there
     except OSError:
         return 0

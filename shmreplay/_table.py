@@ -139,17 +139,9 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
     # --- columns (the data segment) -----------------------------------------------------
 
     def _create_data_segment(self, storage):
-        """Creates, fills and maps this table's data segment for ``storage``.
-
-        Raises:
-          FileExistsError: if another process created it first.
-        """
-        segment, plan, generation = _data_segment.create(self, storage)
-        self._map_columns(segment, storage, plan, generation)
-        if storage.steps:
-            self.ctrl[L.C_ROW_CAPACITY] = plan.row_capacity
-            self.ctrl[L.C_REFS_WIDTH] = plan.width
-        self.ctrl[L.C_SCHEMA_READY] = 1
+        """Creates, fills and maps this table's data segment for ``storage`` (the
+        Server's restore, before any other process can see the table)."""
+        _data_segment.define(self, storage, 0)
 
     def _attach_data_segment(self) -> bool:
         """Maps the data segment another process created, once validated; False if it
@@ -254,27 +246,11 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
             column_specs.append(specs.TensorSpec(shape, leaf.dtype))
         return _storage.whole_items(specs.optree.tree_unflatten(treedef, column_specs))
 
-    def define_storage(self, storage):
-        """Fixes what the table stores (its first item does); a no-op if another process did."""
-        deadline = time.monotonic() + 2.0
-        while not self.has_columns():
-            if self.ctrl[L.C_CLOSED]:
-                self._raise_status(codes.CLOSED)
-            try:
-                self._create_data_segment(storage)
-            except FileExistsError:
-                # Another process is creating it right now; if it died half-way, take over.
-                if time.monotonic() > deadline:
-                    _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
-                    deadline = time.monotonic() + 2.0
-                time.sleep(0.001)
-                continue
-            if self.ctrl[L.C_CLOSED]:
-                # The owner stopped while we created it: it may have unlinked the names
-                # already, so remove ours rather than leak it.
-                _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
-                self._raise_status(codes.CLOSED)
-            return
+    def define_storage(self, storage, timeout=None):
+        """Fixes what the table stores (its first item does); a no-op if another process
+        did. Waits for another process creating it, up to ``timeout`` seconds (None:
+        while that process lives); see ``shmreplay._data_segment.define``."""
+        _data_segment.define(self, storage, timeout)
 
     # --- the rest -----------------------------------------------------------------------
 
@@ -327,7 +303,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
     def reset(self):
         """Clears the table. A table without a signature also forgets its layout (the
         next item may have other shapes) unless an item is being written right now."""
-        forgotten = np.zeros(1, np.int64)
+        forgotten = np.zeros(2, np.int64)  # (1 if forgotten, the forgotten segment's token)
         forget = self.config.signature is None
         status = self._call(kernels.reset, forget, forgotten)
         if status < 0:
@@ -339,7 +315,8 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
                 "keeps it; reset again once it is done).", stacklevel=4)
         if forgotten[0]:
             # Nobody can create the next layout's segment while this name exists.
-            _segment.unlink(L.data_segment_name(self.buffer_name, self.index))
+            _segment.unlink(L.data_segment_name(self.buffer_name, self.index,
+                                                int(forgotten[1])))
             self._drop_layout(int(self.ctrl[L.C_LAYOUT_GEN]))
 
     def _drop_layout(self, generation: int):
@@ -458,8 +435,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
             stored = c[L.C_ROWS_LIVE] if self.storage.steps else c[L.C_SIZE] + c[L.C_PENDING]
             info = dataclasses.replace(
                 info, num_stored_steps=int(stored),
-                storage_bytes=_segment.resident_bytes(
-                    L.data_segment_name(self.buffer_name, self.index)))
+                storage_bytes=_segment.resident_bytes(self.data_segment.name))
         return info
 
     def detach(self):

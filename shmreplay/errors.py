@@ -29,6 +29,11 @@ The contract, in one place:
   dead, and that ``shmreplay gc`` removes a dead owner's buffer.
 * ``LayoutMismatchError``: a segment of that name exists but is not a shmreplay buffer
   of this layout version (wrong magic, version or inconsistent header).
+* ``SegmentSquattedError`` (a ``BufferExistsError``): a name shmreplay must create in
+  /dev/shm is taken by something not of ours; the message names its path and owner.
+* ``SharedMemoryFullError`` (also a ``MemoryError``): /dev/shm cannot hold a segment
+  being created (a Server's, or a table's data segment at its first item); the
+  message names the size needed and the space free. Nothing was created.
 * ``SchemaError``: the data does not fit a table's columns (structure, shape, dtype);
   the message names the key path in words. ``MissingValueError`` is the SchemaError of
   a ``None`` where a column needs a value: also a ``TypeError``, as Reverb raises one.
@@ -127,3 +132,13 @@ class LayoutResetError(ShmReplayError, RuntimeError):
     """A table's layout was forgotten (``Client.reset`` of a table without a signature)
     while a call was under way. The library's calls retry on their own; a call that
     still sees it (the table reset again and again) may simply be repeated."""
+
+
+class SharedMemoryFullError(ShmReplayError, MemoryError):
+    """/dev/shm has not enough free space for a segment shmreplay must create; the
+    message names the size needed, the space free and what to do."""
+
+
+class SegmentSquattedError(BufferExistsError):
+    """A name shmreplay must create in /dev/shm is taken by something not of ours
+    (another user's file, not a regular file); the message names its path and owner."""

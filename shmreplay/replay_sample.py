@@ -214,7 +214,7 @@ class TableInfo:
     ``num_stored_steps`` counts the steps the table's shared memory holds: for items
     written by a writer, each distinct step once however many items reference it; for
     items from ``insert``, one per item. ``storage_bytes`` is the memory the table's
-    data actually occupies (pages written so far; untouched capacity costs nothing).
+    data segment occupies: all of its capacity, reserved when it was created.
     """
 
     name: str

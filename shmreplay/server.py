@@ -13,7 +13,6 @@ import atexit
 import functools
 import logging
 import os
-import re
 import signal
 import threading
 import weakref
@@ -93,7 +92,7 @@ class Server:
             raise ValueError("At least one table must be provided.")
         _check_tables(tables)
         if name is not None:
-            names = [_check_name(validate_name(name, "Buffer", _address.MAX_BUFFER_NAME))]
+            names = [validate_name(name, "Buffer", _address.MAX_BUFFER_NAME)]
         elif port is not None:
             names = [_address.name_for_port(port)]
         else:  # the first free port, by exclusive creation
@@ -113,6 +112,9 @@ class Server:
             try:
                 self._buffer = _create(self._name, self._tables, root, restore, mode)
                 break
+            except errors.SegmentSquattedError:
+                if len(names) == 1:
+                    raise  # (it names the path and its owner)
             except FileExistsError as exc:
                 if len(names) == 1:
                     raise _name_taken(self._name) from exc
@@ -204,22 +206,6 @@ class Server:
     def __repr__(self):
         state = "stopped" if self.stopped else "serving"
         return f"Server(name={self._name!r}, tables={[t.name for t in self._tables]}, {state})"
-
-
-_DATA_SEGMENT_TAIL = re.compile(r"(?P<base>.+)\.t(?P<table>[0-9]+)")
-
-
-def _check_name(name: str) -> str:
-    """Refuses a name that another buffer would give one of its data segments
-    (``shmreplay.NAME.tI``): the two buffers would share, and remove, that segment."""
-    match = _DATA_SEGMENT_TAIL.fullmatch(name)
-    if match:
-        raise errors.InvalidNameError(
-            f"Buffer name {name!r} ends in '.t' and digits, as the data segments of a "
-            f"buffer's tables are named (a buffer {match['base']!r} keeps table I's data in "
-            f"segment '{match['base']}.tI'): two buffers would share, and remove, each "
-            "other's segments. Pick a name that does not end so.")
-    return name
 
 
 def _name_taken(name: str) -> errors.BufferExistsError:

@@ -27,13 +27,19 @@ SHM_DIR = "/dev/shm"
 
 def shm_objects(name):
     """The /dev/shm entries of buffer ``name``: its segments (and semaphores, if any)."""
-    prefix = f"shmreplay.{name}"
-    found = []
-    for entry in os.listdir(SHM_DIR):
-        for p in (prefix, "sem." + prefix):
-            if entry == p or entry.startswith(p + "."):
-                found.append(entry)
-    return sorted(found)
+    from shmreplay import _peek
+    semaphore = f"sem.shmreplay.{name}"
+    return sorted(_peek.segments_of(name)
+                  + [e for e in os.listdir(SHM_DIR) if e == semaphore])
+
+
+def segment_kinds(entries):
+    """``entries`` with each data segment's random token dropped (``shmreplay.x:t0``),
+    to compare with the segments a buffer should have."""
+    from shmreplay import _layout
+    return [entry.rpartition(_layout.DATA_SEPARATOR)[0]
+            if (_layout.parse_segment(entry) or (None, None))[1] is not None else entry
+            for entry in entries]
 
 
 def wait_until(predicate, timeout, interval=0.01):

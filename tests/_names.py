@@ -17,17 +17,17 @@ def unique(tag: str = "") -> str:
 
 
 def port_buffers_of(pids, entries):
-    """The /dev/shm ``entries`` of port buffers (``shmreplay.port-P``, ``.tI``) whose
+    """The /dev/shm ``entries`` of port buffers (``shmreplay.port-P`` and its data segments) whose
     owner, as their header says, is one of ``pids``: what ``Server(tables)`` (no
     name) made in those processes."""
-    from shmreplay import _peek
+    from shmreplay import _layout, _peek
     owners = {}
     found = set()
     for entry in entries:
-        if not entry.startswith("shmreplay.port-"):
+        parsed = _layout.parse_segment(entry)
+        if parsed is None or not parsed[0].startswith("port-"):
             continue
-        head, _, table = entry.rpartition(".t")
-        base = (head if head and table.isdigit() else entry)[len("shmreplay."):]
+        base = parsed[0]
         if base not in owners:
             owners[base] = _peek.peek(base, tables=False).pid
         if owners[base] in pids:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import _names
 import shmreplay
-from shmreplay import _buffer, _layout as L, errors
+from shmreplay import _buffer, _layout as L, _peek, errors
 
 SHM = "/dev/shm"
 ITEM = {"obs": np.arange(4, dtype=np.float32)}
@@ -85,13 +85,20 @@ def template(kind):
                         writer.append({"obs": ITEM["obs"] + t})
                     writer.create_item("q", 1.0, {"obs": writer.history["obs"][-2:]})
                 expected = np.stack([ITEM["obs"], ITEM["obs"] + 1])
-        prefix = L.SEGMENT_PREFIX + name
-        return _read(prefix), _read(prefix + ".t0"), expected
+        header, data = _peek.segments_of(name)
+        return _read(header), _read(data), expected
 
 
 def _entries(name):
-    prefix = L.SEGMENT_PREFIX + name
-    return [e for e in os.listdir(SHM) if e == prefix or e.startswith(prefix + ".t")]
+    return _peek.segments_of(name)
+
+
+def _token(header):
+    """The data segment token that table 0's control block in ``header`` names (0 if
+    a mutation moved it out of the header: the data segment cannot be found then)."""
+    where = int(np.frombuffer(header, L.HEADER, 1)[0]["tables_offset"]) + L.C_DATA_TOKEN * 8
+    raw = header[where:where + 8] if 0 <= where <= len(header) - 8 else b""
+    return int(np.frombuffer(raw, np.int64)[0]) if raw else 0
 
 
 def _plant(posix_name, content):
@@ -109,13 +116,15 @@ def _plant(posix_name, content):
 def planted(header, data=None):
     """A buffer name whose header (and table 0's data) segment hold the given bytes."""
     name = _names.unique("fuzz")
+    data_name = None  # (planted under the token the header names, whatever it is)
     try:
         _plant(L.header_segment_name(name), header)
         if data is not None:
-            _plant(L.data_segment_name(name, 0), data)
+            data_name = L.data_segment_name(name, 0, _token(header))
+            _plant(data_name, data)
         yield name
     finally:
-        for entry in _entries(name):
+        for entry in set(_entries(name)) | ({data_name[1:]} if data_name else set()):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM, entry))
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _batch_outputs, rate_limiters, selectors
+from shmreplay import _batch_outputs, _peek, rate_limiters, selectors
 import _names
 
 CAPACITY = 64
@@ -261,9 +261,9 @@ def test_a_closed_client_unmaps_the_data_it_sampled_from():
     table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 8,
                             rate_limiters.MinSize(1))
     with shmreplay.Server([table], name=_names.unique("results-close")) as server:
-        segment = f"shmreplay.{server.name}.t0"
         with shmreplay.Client(server.name) as writer:
             writer.insert({"x": np.float32(1.0)}, {"t": 1.0})
+        segment = _peek.segments_of(server.name)[1]  # table 0's data segment
         gc.collect()
         before = _mappings_of(segment)
         client = shmreplay.Client(server.name)

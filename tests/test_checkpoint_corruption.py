@@ -11,7 +11,6 @@ restored buffer with changed values, another exception type or a crash.
 
 import json
 import multiprocessing
-import os
 import zlib
 
 import cloudpickle

@@ -23,6 +23,7 @@ import pytest
 
 import _names
 import _waiting
+from shmreplay import _layout
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.py"
@@ -52,9 +53,9 @@ def _objects_of(names=(), pids=()):
     entries = _segments("")
     unnamed = _names.port_buffers_of(set(pids), entries)
 
-    def buffer_of(entry):  # "shmreplay.x.t3" (a data segment) -> "shmreplay.x"
-        head, _, table = entry.rpartition(".t")
-        return head if head and table.isdigit() else entry
+    def buffer_of(entry):  # "shmreplay.x:t3:TOKEN" (a data segment) -> "shmreplay.x"
+        parsed = _layout.parse_segment(entry)
+        return entry if parsed is None else _layout.SEGMENT_PREFIX + parsed[0]
 
     return {entry for entry in entries if buffer_of(entry) in exact or entry in unnamed}
 

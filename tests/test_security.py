@@ -30,7 +30,7 @@ import pytest
 
 import _names
 import shmreplay
-from shmreplay import _buffer, _layout, _segment, errors
+from shmreplay import _buffer, _layout, _peek, _segment, errors
 
 ROOT = Path(__file__).resolve().parents[1]
 SHM = "/dev/shm"
@@ -43,9 +43,7 @@ def tables():
 
 def entries(name):
     """The /dev/shm entries of buffer ``name``: header first, then data segments."""
-    prefix = _layout.SEGMENT_PREFIX + name
-    found = sorted(e for e in os.listdir(SHM) if e == prefix or e.startswith(prefix + ".t"))
-    return sorted(found, key=len)
+    return _peek.segments_of(name)
 
 
 def mode(entry):
@@ -94,8 +92,8 @@ def test_share_with_group_makes_every_segment_0660_even_those_another_process_cr
         header = _layout.SEGMENT_PREFIX + server.name
         assert entries(server.name) == [header]
         run_python(INSERT_ONE, server.name)          # a spawned Client creates the data segment
-        data = header + ".t0"
-        assert entries(server.name) == [header, data]
+        data = entries(server.name)[-1]
+        assert entries(server.name) == [header, data] and data.startswith(header + ":t0:")
         assert mode(header) == mode(data) == 0o660
         assert os.stat(os.path.join(SHM, data)).st_gid == os.stat(os.path.join(SHM, header)).st_gid
         # The same user needs no opt-in, and reads the other process's data segment.
@@ -142,6 +140,7 @@ def test_attach_refuses_segments_wider_than_shmreplay_makes_them():
         header = os.path.join(SHM, _layout.SEGMENT_PREFIX + server.name)
         with shmreplay.Client(server.name) as client:
             client.insert(ITEM, priorities={"q": 1.0}, timeout=1)
+        data = os.path.join(SHM, entries(server.name)[-1])
         os.chmod(header, 0o666)                      # anyone could have written it
         with pytest.raises(errors.LayoutMismatchError, match="(?s)0666.*wider"):
             shmreplay.Client(server.name)
@@ -149,7 +148,7 @@ def test_attach_refuses_segments_wider_than_shmreplay_makes_them():
         with pytest.raises(errors.LayoutMismatchError, match="(?s)0660.*wider.*0600"):
             shmreplay.Client(server.name)
         os.chmod(header, 0o600)
-        os.chmod(header + ".t0", 0o660)              # a private buffer's data segment
+        os.chmod(data, 0o660)                        # a private buffer's data segment
         with shmreplay.Client(server.name) as client:
             with pytest.raises(errors.LayoutMismatchError, match="(?s)t0.*0660.*wider"):
                 client.sample_batch("q", 1, timeout=1)
@@ -268,7 +267,7 @@ def test_a_private_buffer_refuses_another_users_data_segment(another_user):
         with shmreplay.Client(server.name) as reader, shmreplay.Client(server.name) as writer:
             writer.insert(ITEM, priorities={"q": 1.0}, timeout=1)  # reader has not mapped it
             another_user()   # as if the data segment were another uid's
-            with pytest.raises(errors.LayoutMismatchError, match=r"(?s)\.t0.*belongs to uid"):
+            with pytest.raises(errors.LayoutMismatchError, match=r"(?s):t0:.*belongs to uid"):
                 reader.sample_batch("q", 1, timeout=1)
 
 
@@ -343,7 +342,7 @@ def owner_of(entry):
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_group_sharing_between_real_users():
     name = _names.unique("users")
-    header, data = _layout.SEGMENT_PREFIX + name, _layout.SEGMENT_PREFIX + name + ".t0"
+    header = _layout.SEGMENT_PREFIX + name
 
     def create():
         _kept.append(shmreplay.Server(tables(), name=name, share_with_group=True))
@@ -369,6 +368,7 @@ def test_group_sharing_between_real_users():
         refused = as_user(MEMBER, member, lambda: shmreplay.Client(name))
         assert refused[:2] == ("error", "LayoutMismatchError") and "trust_group" in refused[2]
         assert as_user(MEMBER, member, insert)[0] == "ok"
+        data = entries(name)[-1]
         assert owner_of(data) == (MEMBER, GROUP_ID, 0o660)   # the buffer's group, not its own
         # the operator's CLI takes the same opt-in
         trusted = as_user(MEMBER, member, lambda: cli_info(name, trust_group=True))

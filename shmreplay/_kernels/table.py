@@ -18,7 +18,7 @@ from shmreplay._layout import (
     C_CLOSED, C_DELETES, C_INSERTS, C_UPDATE_SEQ, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_SIZE, C_MAX_TIMES_SAMPLED,
     C_NUM_UNIQUE, C_PENDING, C_RECOVERIES, C_REMOVER_KIND, C_SAMPLER_KIND, C_SAMPLES, C_SIZE,
     C_RESERVES, C_ROWS_DIRTY, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_DELETED, C_TOTAL_INSERTED,
-    C_TOTAL_SAMPLED, C_TREE_LEAVES, C_LAYOUT_GEN, C_SCHEMA_READY,
+    C_TOTAL_SAMPLED, C_TREE_LEAVES, C_LAYOUT_GEN, C_SCHEMA_READY, C_DATA_TOKEN,
     C_COMMIT_MARK, C_FRESH, C_HEAD, C_ORDER_SEQ, C_STOP_PID, C_STOP_POINT, F_EXPONENT0, M_KEY, M_LIVE, M_NEXT, M_ORDER, M_STATE, M_TIMES, M_UPDATE, M_VERSION,
     M_WRITER, R_COUNT, R_GEN)
 
@@ -850,7 +850,8 @@ def reset(ctrl, fctrl, meta, prio, trees, refs, rows, forget, out):
     With ``forget``, also forgets the table's layout if no slot is being written (a
     writer's data would go to the forgotten layout): the stored layout is dropped and
     the layout generation bumped, so that every process's arrays are stale (``UNMAPPED``)
-    and the next item defines a new layout. ``out[0]`` receives 1 if it was forgotten.
+    and the next item defines a new layout. ``out[0]`` receives 1 if it was forgotten,
+    ``out[1]`` the token of the forgotten layout's data segment (whose name to unlink).
     """
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
@@ -867,6 +868,7 @@ def reset(ctrl, fctrl, meta, prio, trees, refs, rows, forget, out):
         ctrl[C_SCHEMA_READY] = 0
         ctrl[C_LAYOUT_GEN] += 1
         out[0] = 1
+        out[1] = ctrl[C_DATA_TOKEN]
     _bump(ctrl, C_SPACE_SEQ)
     _unlock_and_wake(ctrl, False, True)
     return removed

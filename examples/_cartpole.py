@@ -23,6 +23,7 @@ import collections
 import contextlib
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -278,6 +279,8 @@ def _join(workers, stats, timeout=15.0):
             stats.get(timeout=0.05)
         except queue.Empty:
             pass
+        except (EOFError, OSError, pickle.UnpicklingError):
+            pass  # a worker that Ctrl-C ended in the middle of a report left half of it
     for worker in started:
         if worker.is_alive():
             print(f"warning: {worker.name} did not stop; killing it", file=sys.stderr,

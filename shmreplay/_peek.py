@@ -256,8 +256,9 @@ def _belongs(entry: str, header_entry: str) -> bool:
         return False
     try:
         header = os.lstat(os.path.join(SHM_DIR, header_entry))
-    except OSError:  # a leftover whose header is gone: ours, or not the buffer's
-        return info.st_uid == os.getuid()
+    except OSError:  # a leftover whose header is gone: ours, or a group member's of a
+        # group-shared buffer (its header's group cannot be checked any more)
+        return info.st_uid == os.getuid() or bool(info.st_mode & 0o060)
     return info.st_uid == header.st_uid or (
         bool(header.st_mode & 0o060) and info.st_gid == header.st_gid)
 

@@ -46,8 +46,10 @@ def define(engine, storage, timeout=None):
       SharedMemoryFullError, SegmentSquattedError: from the creation.
     """
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    pid = os.getpid()
-    start = _procs.start_time(pid)
+    # The claim records this process's writer stamp (its pid with its pid namespace):
+    # a creator in another container is never judged dead from here.
+    pid = _procs.STAMP[0]
+    start = _procs.start_time(os.getpid())
     out = np.zeros(3, np.int64)
     dead = (0, 0)
     pause = 0.001
@@ -66,15 +68,18 @@ def define(engine, storage, timeout=None):
             _create_claimed(engine, storage, token)
             return
         holder, holder_start = int(out[0]), int(out[1])
-        if not _procs.pid_alive(holder, holder_start):
+        holder_pid, holder_ns = _procs.split_stamp(holder)
+        if _procs.judge(holder_pid, holder_ns, holder_start) is False:
             dead = (holder, holder_start)
             continue
         dead = (0, 0)
         now = time.monotonic()
         if deadline is not None and now >= deadline:
+            note = (_stopped_note(holder_pid) if holder_ns == _procs.NS[0]
+                    else " (in another pid namespace)")
             raise errors.DeadlineExceededError(
-                f"Table '{engine.name}': its data segment is being created by pid {holder}"
-                f"{_stopped_note(holder)}, which did not finish within the timeout of "
+                f"Table '{engine.name}': its data segment is being created by pid "
+                f"{holder_pid}{note}, which did not finish within the timeout of "
                 f"{errors.seconds(timeout)}. Its creation is taken over only once that "
                 "process is dead; call again later, or end it if it is stuck.")
         time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))

@@ -20,6 +20,15 @@ def after_layout_reset(call, *args):
                 raise
 
 
+def raise_if_closed(closed: bool, name: str, exc: Exception):
+    """Raises ``ClosedError`` instead of ``exc`` if the Client of buffer ``name`` was
+    closed meanwhile (by another thread: the views ``exc`` tripped on were dropped under
+    the call)."""
+    if closed and not isinstance(exc, errors.ClosedError):
+        raise errors.ClosedError(
+            f"Client for '{name}' was closed (by another thread) during this call.") from exc
+
+
 def retried_after_layout_reset(method):
     @functools.wraps(method)
     def call(self, *args, **kwargs):

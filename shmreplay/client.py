@@ -13,6 +13,7 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from shmreplay import _address, _connect, _inputs, _inserting, _item_forms, errors
+from shmreplay import _client_calls
 from shmreplay._client_calls import (after_layout_reset as _after_layout_reset,
                                      closed_aware as _closed_aware,
                                      retried_after_layout_reset as _retried_after_layout_reset)
@@ -98,12 +99,7 @@ class Client:
         self.close()
 
     def _raise_if_closed(self, exc):
-        """Raises ``ClosedError`` instead of ``exc`` if this Client was closed meanwhile
-        (by another thread: the views ``exc`` tripped on were dropped under the call)."""
-        if self._closed and not isinstance(exc, errors.ClosedError):
-            raise errors.ClosedError(
-                f"Client for '{self._name}' was closed (by another thread) during this "
-                "call.") from exc
+        _client_calls.raise_if_closed(self._closed, self._name, exc)
 
     def close(self):
         """Unmaps the buffer from this process (the buffer itself stays).
@@ -505,6 +501,3 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         engines = self._connected(timeout).engines
         return {engine.name: engine.info(deadline, timeout) for engine in engines}
-
-
-# --- input conversion ----------------------------------------------------------------------

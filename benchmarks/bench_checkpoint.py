@@ -60,7 +60,8 @@ def _fsync_file(path):
 def bench_shmreplay(shmreplay, name, data, prioritized, directory, repeats=1):
     """Saves and restores ``repeats`` times (the medians; the first call of a process
     also pays for loading kernels and warming caches)."""
-    from shmreplay import _checkpoint, rate_limiters, selectors
+    from shmreplay import rate_limiters, selectors
+    from shmreplay._ops import checkpoint as _checkpoint
     n = len(next(iter(data.values())))
     sampler = selectors.Prioritized(0.6) if prioritized else selectors.Uniform()
     table = shmreplay.Table("t", sampler, selectors.Fifo(), n, rate_limiters.MinSize(1))

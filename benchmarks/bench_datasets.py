@@ -49,7 +49,7 @@ calls ``sample_batch`` itself builds no dataset). It then times all its cases of
 ``sample_batch`` again among them ("interleaved"): a ``from_generator`` dataset makes
 TensorFlow fix glibc's mmap threshold at 128 KiB (``mallopt``), after which a freshly
 allocated batch array of 128 KiB or more is freshly mapped and page-faulted; shmreplay
-gathers large batches into recycled memory (``shmreplay._outputs``) so that the two
+gathers large batches into recycled memory (``shmreplay._engine.outputs``) so that the two
 baseline rows should agree.
 
 Timing is timeit-style as in the other scripts: every case is a zero-argument callable

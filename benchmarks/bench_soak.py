@@ -253,7 +253,7 @@ class Soak:
         self.client = shm.Client(self.server.name)
         # The waiter counts of the table (read-only instrumentation: nothing public says
         # "a call is waiting right now", and a probe must know that it is).
-        from shmreplay import _layout
+        from shmreplay._shm import layout as _layout
         self._ctrl = self.client._engine(TABLE).ctrl
         self._items_waiters, self._space_waiters = _layout.C_ITEMS_WAITERS, _layout.C_SPACE_WAITERS
         self.ctx = mp.get_context("spawn")

@@ -230,7 +230,7 @@ def shm_case(key, client, steps):
 def floor_case(client, steps, nxt, table=TABLES["floor"]):
     """The mechanism alone (private API): reserve a slot and a fresh row, copy the step's
     fields into the row, commit. A writer's first item defines the table's storage."""
-    from shmreplay._kernels import table as kernels
+    from shmreplay._shm.kernels import table as kernels
     with client.writer(1) as w:
         w.append(steps[0])
         w.create_item(table, 1, 1.0)

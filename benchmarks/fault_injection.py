@@ -225,7 +225,7 @@ def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWAN
                     process.kill()
                 process.join(10)
         acked = shared.acknowledged()
-        from shmreplay import _snapshot
+        from shmreplay._engine import snapshot as _snapshot
         arrays = _snapshot.snapshot_table(engine).arrays
         empty = np.empty(0, np.int64)  # (no item ever inserted: no storage)
         values, rows = arrays.get("store0", empty), arrays.get("store1", empty[:, None])
@@ -249,7 +249,7 @@ def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWAN
 def _holds_lock(engine, pid) -> bool:
     """Whether the (stopped) process ``pid`` holds the table's lock: its thread id is the
     mutex's owner."""
-    from shmreplay import _lock_waits
+    from shmreplay._shm import lock_waits as _lock_waits
     tid = _lock_waits.lock_holder(engine.ctrl)
     if tid == 0:
         return False

@@ -39,7 +39,7 @@ _LAZY = {
     "TrajectoryWriter": "shmreplay.trajectory_writer",
     "Writer": "shmreplay.writer",
     "checkpointers": None,
-    "warm_up": "shmreplay._warmup",
+    "warm_up": "shmreplay._ops.warmup",
     "TFClient": "shmreplay.tf",
     "TimestepDataset": "shmreplay.tf",
     "TrajectoryDataset": "shmreplay.tf",

@@ -88,7 +88,7 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
 
     Not ``from_generator``: it converts every leaf in Python and copied the arrays; a
     ``numpy_function`` takes 64-byte aligned arrays (large batches come so, see
-    ``shmreplay._outputs``) without copying, and runs ``num_parallel_calls`` calls at
+    ``shmreplay._engine.outputs``) without copying, and runs ``num_parallel_calls`` calls at
     once, so that one call's copy (outside the GIL) overlaps another's Python work. On
     the benchmark machine this took 256 Atari frames from 3,470 to about 700 us a batch.
     ``max_batches`` bounds the ``range``, so no batch is sampled and thrown away.

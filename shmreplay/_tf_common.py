@@ -12,7 +12,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from shmreplay import _outputs, errors, specs
+from shmreplay import errors, specs
+from shmreplay._engine import outputs as _outputs
 from shmreplay.client import Client
 from shmreplay.replay_sample import INFO_DTYPES, ReplaySample, SampleInfo
 
@@ -191,7 +192,7 @@ def zero_copy(sample):
 
     ``from_generator`` would otherwise copy every array into a new tensor: 7 MB for 256
     Atari frames, about 200 us, plus page faults on TensorFlow's fresh allocation. The
-    tensor keeps the array (and its pooled block, see ``shmreplay._outputs``) alive.
+    tensor keeps the array (and its pooled block, see ``shmreplay._engine.outputs``) alive.
     """
     return ReplaySample(sample.info, specs.optree.tree_map(_shared_tensor, sample.data))
 

@@ -6,7 +6,7 @@ buffer whose owner process is gone (it was SIGKILLed, so it could not clean up) 
 reported as ``dead`` and removed by ``gc``.
 
 ``ls``, ``rm``, ``gc`` and ``--help`` read headers and control blocks as numbers
-(``shmreplay._peek``): they attach to no table and load no kernel, so they start fast
+(``shmreplay._shm.peek``): they attach to no table and load no kernel, so they start fast
 and a segment that is not ours cannot run code in them. The other commands attach
 with a ``Client``, imported where they need it.
 """
@@ -16,7 +16,11 @@ import os
 import sys
 import time
 
-from shmreplay import _address, _layout, _peek, _retire, errors
+from shmreplay import errors
+from shmreplay._client import address as _address
+from shmreplay._shm import layout as _layout
+from shmreplay._shm import peek as _peek
+from shmreplay._ops import retire as _retire
 
 
 def cmd_ls(args, out):
@@ -103,7 +107,7 @@ def cmd_info(args, out):
 
 def _info_owner(client, name) -> str:
     """The first line of ``info``: the owner, and what a dead one means."""
-    from shmreplay._procs import judge
+    from shmreplay._shm.procs import judge
     header = client._buffer.header
     pid, start = int(header["owner_pid"][0]), int(header["owner_start"][0])
     alive = judge(pid, int(header["owner_ns"][0]), start)
@@ -264,7 +268,7 @@ def cmd_top(args, out):
 
 
 def cmd_checkpoint(args, out):
-    from shmreplay import _checkpoint
+    from shmreplay._ops import checkpoint as _checkpoint
     from shmreplay.client import Client
     with _attach(Client, args) as client:
         progress = None if args.progress is None else args.progress == "on"
@@ -316,7 +320,7 @@ def cmd_gc(args, out):
 
 
 def cmd_compile(args, out):
-    from shmreplay import _warmup
+    from shmreplay._ops import warmup as _warmup
     report = _warmup.warm_up()
     done = (f"compiled {report.compiled} of {report.kernels} kernels"
             if report.compiled else f"all {report.kernels} kernels were already compiled")

@@ -12,13 +12,18 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from shmreplay import _address, _connect, _inputs, _inserting, _item_forms, errors
-from shmreplay import _client_calls
-from shmreplay._client_calls import (after_layout_reset as _after_layout_reset,
+from shmreplay import errors
+from shmreplay._client import address as _address
+from shmreplay._client import connect as _connect
+from shmreplay._schema import inputs as _inputs
+from shmreplay._client import inserting as _inserting
+from shmreplay._schema import item_forms as _item_forms
+from shmreplay._client import calls as _client_calls
+from shmreplay._client.calls import (after_layout_reset as _after_layout_reset,
                                      closed_aware as _closed_aware,
                                      retried_after_layout_reset as _retried_after_layout_reset)
-from shmreplay._kernels import table as kernels
-from shmreplay._table import TableEngine
+from shmreplay._shm.kernels import table as kernels
+from shmreplay._engine.table_engine import TableEngine
 from shmreplay.replay_sample import ReplaySample, SampleInfo
 
 _UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
@@ -464,7 +469,8 @@ class Client:
           BufferBrokenError: if the buffer was stopped.
           OSError: if the file cannot be written (nothing is left behind).
         """
-        from shmreplay import _checkpoint, checkpointers
+        from shmreplay import checkpointers
+        from shmreplay._ops import checkpoint as _checkpoint
         buffer = self._connected()
         keep_latest_only = path is None  # a checkpointer's directory; not the user's own
         if path is None:

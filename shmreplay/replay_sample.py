@@ -21,7 +21,7 @@ _FLOAT32, _FLOAT64, _INT64 = np.dtype(np.float32), np.dtype(np.float64), np.dtyp
 def _load_weights_kernel():
     # numba kernels are imported on first use: importing shmreplay compiles nothing.
     global _weights_kernel
-    from shmreplay._kernels.table import importance_weights
+    from shmreplay._shm.kernels.table import importance_weights
     _weights_kernel = importance_weights
     return importance_weights
 

@@ -22,7 +22,7 @@ priority updates do not change it.
 
 import math
 
-from shmreplay._kernels import codes
+from shmreplay._shm.kernels import codes
 
 
 class ItemSelector:

@@ -18,9 +18,18 @@ import threading
 import weakref
 from typing import Optional, Sequence
 
-from shmreplay import (_address, _buffer, _checkpoint, _layout, _lock_waits, _peek, _restore,
-                       _retire, _segment, _termination, _warmup,
-                       checkpointers, errors)
+from shmreplay import checkpointers, errors
+from shmreplay._client import address as _address
+from shmreplay._engine import buffer as _buffer
+from shmreplay._ops import checkpoint as _checkpoint
+from shmreplay._shm import layout as _layout
+from shmreplay._shm import lock_waits as _lock_waits
+from shmreplay._shm import peek as _peek
+from shmreplay._ops import restore as _restore
+from shmreplay._ops import retire as _retire
+from shmreplay._shm import segment as _segment
+from shmreplay._shm import termination as _termination
+from shmreplay._ops import warmup as _warmup
 from shmreplay.table import Table, validate_name
 
 _log = logging.getLogger("shmreplay")

@@ -131,7 +131,8 @@ class Table:
     def info(self):
         """A ``TableInfo`` snapshot (the configuration only, until served)."""
         if self._engine is None:
-            from shmreplay import _table_info  # local: config objects stay import-light
+            # local: config objects stay import-light
+            from shmreplay._engine import table_info as _table_info
             return _table_info.static_info(self)
         return self._engine.info()
 

@@ -16,10 +16,13 @@ from typing import Optional
 
 import numpy as np
 
-from shmreplay import _pending, _writing, errors, specs
-from shmreplay._history import (TrajectoryColumn, _AbsentColumn, _build_history, check_value,
-                                _ColumnHistory, _merge_structure, _named_path)
-from shmreplay._trajectory_shortcuts import PY_DTYPES, _UsualItem, _WholeSteps
+from shmreplay import errors, specs
+from shmreplay._writers import pending as _pending
+from shmreplay._writers import writing as _writing
+from shmreplay._writers.history import (TrajectoryColumn, _AbsentColumn, _build_history,
+                                        check_value, _ColumnHistory, _merge_structure,
+                                        _named_path)
+from shmreplay._writers.trajectory_shortcuts import PY_DTYPES, _UsualItem, _WholeSteps
 
 _CONTAINERS = (dict, list, tuple, type(None))  # not leaves (None: a skipped field)
 

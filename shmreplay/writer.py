@@ -13,7 +13,9 @@ from typing import Optional
 
 import numpy as np
 
-from shmreplay import _pending, _writing, errors, specs
+from shmreplay import errors, specs
+from shmreplay._writers import pending as _pending
+from shmreplay._writers import writing as _writing
 
 
 class Writer:

@@ -97,7 +97,7 @@ def block_on_empty_table(name, table, ready, go, acks, count):
 
 def stop_inside_checkpoint(name, table, ready, go, acks, count, path):
     """Starts a checkpoint and stops while it holds the table's lock copying items."""
-    from shmreplay import _snapshot
+    from shmreplay._engine import snapshot as _snapshot
     client = shmreplay.Client(name)
 
     def copy_then_stop(source, rows, out):
@@ -125,8 +125,8 @@ def storm(name, seconds, actors, seed, counts, incarnations, started, done):
     """
     import random
     import time
-    from shmreplay import _crash_points
-    from shmreplay._kernels import codes
+    from shmreplay._shm import crash_points as _crash_points
+    from shmreplay._shm.kernels import codes
     rng = random.Random(seed)
     client = shmreplay.Client(name)
     engine = client._engine("t")

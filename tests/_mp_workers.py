@@ -27,7 +27,7 @@ SHM_DIR = "/dev/shm"
 
 def shm_objects(name):
     """The /dev/shm entries of buffer ``name``: its segments (and semaphores, if any)."""
-    from shmreplay import _peek
+    from shmreplay._shm import peek as _peek
     semaphore = f"sem.shmreplay.{name}"
     return sorted(_peek.segments_of(name)
                   + [e for e in os.listdir(SHM_DIR) if e == semaphore])
@@ -36,7 +36,7 @@ def shm_objects(name):
 def segment_kinds(entries):
     """``entries`` with each data segment's random token dropped (``shmreplay.x:t0``),
     to compare with the segments a buffer should have."""
-    from shmreplay import _layout
+    from shmreplay._shm import layout as _layout
     return [entry.rpartition(_layout.DATA_SEPARATOR)[0]
             if (_layout.parse_segment(entry) or (None, None))[1] is not None else entry
             for entry in entries]

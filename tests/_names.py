@@ -20,7 +20,8 @@ def port_buffers_of(pids, entries):
     """The /dev/shm ``entries`` of port buffers (``shmreplay.port-P`` and its data segments) whose
     owner, as their header says, is one of ``pids``: what ``Server(tables)`` (no
     name) made in those processes."""
-    from shmreplay import _layout, _peek
+    from shmreplay._shm import layout as _layout
+    from shmreplay._shm import peek as _peek
     owners = {}
     found = set()
     for entry in entries:

@@ -4,7 +4,7 @@ Reverb's ``Client.sample`` gives the flat list of columns unless the table has a
 signature and ``unpack_as_table_signature=True``; tests of tables without one that
 check columns by name read the nest through this."""
 
-from shmreplay import _item_forms
+from shmreplay._schema import item_forms as _item_forms
 
 
 def sample_nests(client, table, *args, **kwargs):

@@ -7,7 +7,8 @@ import sys
 import numpy as np
 
 import shmreplay
-from shmreplay import _layout as L, rate_limiters, selectors
+from shmreplay import rate_limiters, selectors
+from shmreplay._shm import layout as L
 
 HUGE = 2**40
 

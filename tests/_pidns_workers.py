@@ -29,7 +29,8 @@ def actor(name):
     """Inserts items 0 and 1, reserves a slot for item 2 and holds it until told to
     commit (a writer with an item under way), then commits it."""
     import shmreplay
-    from shmreplay import _layout as L, errors
+    from shmreplay import errors
+    from shmreplay._shm import layout as L
     client = shmreplay.Client(name)
     engine = client._engine("q")
     keys = [int(client.insert({"id": np.int64(i)}, {"q": 1.0}, timeout=5)["q"])

@@ -19,7 +19,7 @@ def stopping_creator(name, table, value, created, queue):
     data segment exists and before it is published (``created`` is set then: an event,
     as a queue's feeder thread would stop too); reports the key once it resumes."""
     import shmreplay
-    from shmreplay import _data_segment
+    from shmreplay._engine import data_segment as _data_segment
     create = _data_segment.create
 
     def create_then_stop(*args):
@@ -60,7 +60,7 @@ def full_shm():
     table's first item, with and without the free-space check (so that the reservation
     itself meets ENOSPC). Prints one JSON line per case; exits 0 if nothing died."""
     import shmreplay
-    from shmreplay import _segment
+    from shmreplay._shm import segment as _segment
     free = _segment.free_bytes()
     filler = os.open("/dev/shm/filler", os.O_CREAT | os.O_RDWR, 0o600)
     small = shmreplay.Server([shmreplay.Table.queue("q", 1000)], name="small")

@@ -243,7 +243,7 @@ def hang_before_commit(name, table, kind, commits_before_hang, queue):
     ``("hanging", (slot, committed_ids))`` and sleeps before committing it (until the
     test SIGKILLs it)."""
     import shmreplay
-    from shmreplay import _writing
+    from shmreplay._writers import writing as _writing
 
     real_commit = _writing.kernels.commit_one
     state = {"commits": 0}

@@ -17,7 +17,10 @@ import pytest
 import _address_workers as workers
 import _names
 import shmreplay
-from shmreplay import _address, _connect, _peek, cli, errors
+from shmreplay import cli, errors
+from shmreplay._client import address as _address
+from shmreplay._client import connect as _connect
+from shmreplay._shm import peek as _peek
 
 SPAWN = multiprocessing.get_context("spawn")
 

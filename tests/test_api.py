@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _peek, errors, rate_limiters, selectors
-from shmreplay import _layout as L
+from shmreplay import errors, rate_limiters, selectors
+from shmreplay._shm import peek as _peek
+from shmreplay._shm import layout as L
 from shmreplay.specs import TensorSpec
 
 
@@ -219,7 +220,7 @@ def test_import_loads_no_tensorflow_or_jax_and_compiles_nothing():
     import subprocess
     import sys
     code = ("import sys, shmreplay\n"
-            "from shmreplay._kernels import table\n"
+            "from shmreplay._shm.kernels import table\n"
             "assert 'tensorflow' not in sys.modules and 'jax' not in sys.modules\n"
             "assert not any(getattr(getattr(table, n), 'signatures', None) for n in dir(table))\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

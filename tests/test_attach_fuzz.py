@@ -30,7 +30,10 @@ from hypothesis import strategies as st
 
 import _names
 import shmreplay
-from shmreplay import _buffer, _layout as L, _peek, errors
+from shmreplay import errors
+from shmreplay._engine import buffer as _buffer
+from shmreplay._shm import layout as L
+from shmreplay._shm import peek as _peek
 
 SHM = "/dev/shm"
 ITEM = {"obs": np.arange(4, dtype=np.float32)}

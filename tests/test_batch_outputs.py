@@ -1,4 +1,4 @@
-"""Reused results of small sampled batches (``shmreplay._batch_outputs``).
+"""Reused results of small sampled batches (``shmreplay._engine.batch_outputs``).
 
 A result is refilled only when nothing outside holds any part of it; these tests hold
 each part in turn and check that what they hold never changes, and that a result
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _batch_outputs, _peek, rate_limiters, selectors
+from shmreplay import rate_limiters, selectors
+from shmreplay._engine import batch_outputs as _batch_outputs
+from shmreplay._shm import peek as _peek
 import _names
 
 CAPACITY = 64

@@ -18,7 +18,8 @@ import pytest
 
 import _names
 import shmreplay
-from shmreplay import _checkpoint, checkpointers, errors, rate_limiters, selectors
+from shmreplay import checkpointers, errors, rate_limiters, selectors
+from shmreplay._ops import checkpoint as _checkpoint
 from shmreplay.specs import TensorSpec
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -18,7 +18,8 @@ import numpy as np
 
 import _names
 import shmreplay
-from shmreplay import _checkpoint, errors, rate_limiters, selectors
+from shmreplay import errors, rate_limiters, selectors
+from shmreplay._ops import checkpoint as _checkpoint
 
 SPAWN = multiprocessing.get_context("spawn")
 _SAMPLED_OFFSETS = 300  # about this many flips at every k-th byte of the file

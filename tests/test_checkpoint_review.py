@@ -23,9 +23,12 @@ import _crash_workers as CW
 from _background import Background
 import _names
 import shmreplay
-from shmreplay import _buffer, _checkpoint, _crash_points, rate_limiters, selectors
-from shmreplay import _layout as L
-from shmreplay._kernels import codes
+from shmreplay import rate_limiters, selectors
+from shmreplay._engine import buffer as _buffer
+from shmreplay._ops import checkpoint as _checkpoint
+from shmreplay._shm import crash_points as _crash_points
+from shmreplay._shm import layout as L
+from shmreplay._shm.kernels import codes
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -98,7 +101,7 @@ _SIGINT_DURING_HOLD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     import shmreplay
-    from shmreplay import _snapshot
+    from shmreplay._engine import snapshot as _snapshot
 
     name, path = sys.argv[1:3]
     server = shmreplay.Server([shmreplay.Table.queue("q", 100)], name=name)
@@ -140,7 +143,7 @@ def test_ctrl_c_while_a_server_process_holds_a_table_for_a_checkpoint(buffer_nam
 _CTRL_Z_DURING_HOLD = textwrap.dedent("""
     import os, signal, sys
     import shmreplay
-    from shmreplay import _snapshot
+    from shmreplay._engine import snapshot as _snapshot
 
     name, path = sys.argv[1:3]
     # Linux discards Ctrl-Z (SIGTSTP) sent to an orphaned process group, and the test's
@@ -557,7 +560,7 @@ def test_a_rollback_interrupted_by_a_second_death_still_rolls_back(buffer_name):
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 7, 64, 1000, 4097])
 @pytest.mark.parametrize("layout", ["random", "ascending", "descending", "runs"])
 def test_rebuild_sorts_any_slot_layout_by_insertion_order(size, layout):
-    from shmreplay._kernels import items
+    from shmreplay._shm.kernels import items
     capacity = max(size, 1) * 2 + 64
     bits = L.slot_bits(capacity)
     rng = np.random.default_rng(size * 31 + len(layout))

@@ -12,7 +12,8 @@ import os
 import numpy as np
 
 import shmreplay
-from shmreplay import _snapshot, rate_limiters, selectors
+from shmreplay import rate_limiters, selectors
+from shmreplay._engine import snapshot as _snapshot
 
 
 def test_a_snapshot_outruns_inserts_that_outrun_its_preparation(buffer_name, tmp_path,

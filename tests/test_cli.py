@@ -316,14 +316,15 @@ import importlib.abc, os, sys, types
 package = types.ModuleType("shmreplay")
 package.__path__ = [{str(ROOT / "shmreplay")!r}]
 sys.modules["shmreplay"] = package
-BLOCKED = ("shmreplay._buffer", "shmreplay._table", "shmreplay.client",
-           "shmreplay._kernels.table", "shmreplay._kernels.sumtree", "cloudpickle")
+BLOCKED = ("shmreplay._engine.buffer", "shmreplay._engine.table_engine", "shmreplay.client",
+           "shmreplay._shm.kernels.table", "shmreplay._shm.kernels.sumtree", "cloudpickle")
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name in BLOCKED:
             raise ImportError(name + " was imported")
 sys.meta_path.insert(0, Block())
-from shmreplay import _peek, cli
+from shmreplay import cli
+from shmreplay._shm import peek as _peek
 _peek.SHM_DIR = os.environ.get("SHMREPLAY_TEST_SHM", _peek.SHM_DIR)
 status = cli.main(sys.argv[1:])
 assert not [m for m in BLOCKED if m in sys.modules]
@@ -373,7 +374,7 @@ def _fake_shm(tmp_path, source_name):
     dead = shm / "shmreplay.dead-owner"
     shutil.copyfile(f"/dev/shm/shmreplay.{source_name}", dead)
     dead.chmod(0o600)
-    from shmreplay import _layout
+    from shmreplay._shm import layout as _layout
     header = np.memmap(dead, _layout.HEADER, mode="r+", shape=(1,))
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, timeout=60)

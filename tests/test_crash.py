@@ -17,9 +17,9 @@ import pytest
 
 import _mp_workers as W
 import shmreplay
-from shmreplay import _layout as L
+from shmreplay._shm import layout as L
 from shmreplay import errors, rate_limiters, selectors
-from shmreplay._kernels import codes
+from shmreplay._shm.kernels import codes
 from shmreplay.specs import TensorSpec
 
 pytestmark = pytest.mark.slow

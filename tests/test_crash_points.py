@@ -1,6 +1,6 @@
 """Crash injection: a process SIGKILLed at chosen points inside each operation.
 
-Kernel points (``shmreplay._crash_points``) stop a child *inside* a locked kernel, half
+Kernel points (``shmreplay._shm.crash_points``) stop a child *inside* a locked kernel, half
 way through changing the table; Python-level points stop it between the locked steps
 (half way through copying an item in or out, blocked on a rate limiter, inside a
 checkpoint). The test then SIGKILLs it there and checks what DESIGN.md promises: the
@@ -19,9 +19,10 @@ import pytest
 
 import _crash_workers as CW
 import shmreplay
-from shmreplay import _crash_points, _layout as L
+from shmreplay._shm import crash_points as _crash_points
+from shmreplay._shm import layout as L
 from shmreplay import rate_limiters, selectors
-from shmreplay._kernels import codes
+from shmreplay._shm.kernels import codes
 from test_crash import _trylock_busy
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,7 @@ class Victim:
 
 def _visible(client):
     """Every live item's value (checked whole: x == v), from a consistent snapshot."""
-    from shmreplay import _checkpoint
+    from shmreplay._ops import checkpoint as _checkpoint
     arrays = _checkpoint.snapshot_table(client._engine("t")).arrays
     v, x = arrays["store0"], arrays["store1"]  # whole items: v [n], x [n, 8]
     assert (x == v[:, None]).all(), "a half-written item is visible"

@@ -12,7 +12,8 @@ import posix_ipc
 import pytest
 
 import shmreplay
-from shmreplay import _layout as L, errors, rate_limiters, selectors
+from shmreplay import errors, rate_limiters, selectors
+from shmreplay._shm import layout as L
 from shmreplay.specs import TensorSpec
 import _names
 from _nests import sample_nests
@@ -499,7 +500,7 @@ def test_attach_to_segment_too_small_for_a_header():
 
 
 def test_attach_to_buffer_of_another_layout_version():
-    from shmreplay import _layout
+    from shmreplay._shm import layout as _layout
     header = np.zeros(1, _layout.HEADER)
     header["magic"] = _layout.MAGIC
     header["layout_version"] = 999

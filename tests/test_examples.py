@@ -23,7 +23,7 @@ import pytest
 
 import _names
 import _waiting
-from shmreplay import _layout
+from shmreplay._shm import layout as _layout
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.py"

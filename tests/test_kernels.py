@@ -10,7 +10,7 @@ sum-tree and the ragged last level of the heaps are exercised) as well as powers
   (duplicates included), ``find`` against ``np.searchsorted`` on the cumulative
   sums (boundaries included), and ``draw_one`` / ``draw_batch``: never a zero-weight
   leaf, even with 1e-300 beside 1e300 or subnormal totals, and frequencies that match
-  ``weight / total`` (chi-square, seeded through ``shmreplay._kernels.table.seed``).
+  ``weight / total`` (chi-square, seeded through ``shmreplay._shm.kernels.table.seed``).
 * ``heap``: ``push`` / ``remove`` / ``fix`` against a sorted-list model, min and max,
   ties broken by the ``M_UPDATE`` field (``meta[slot, M_*]``, the layout of ``_layout``).
 * ``items`` / ``verify``: incremental bookkeeping keeps ``verify.check`` clean and equals
@@ -28,11 +28,12 @@ import pytest
 from scipy import stats
 
 import shmreplay
-from shmreplay import _layout as L
-from shmreplay import _sync, rate_limiters, selectors
-from shmreplay._kernels import codes, heap, items, sumtree, verify
-from shmreplay._kernels import table as table_kernels
-from shmreplay._table import TableEngine
+from shmreplay._shm import layout as L
+from shmreplay import rate_limiters, selectors
+from shmreplay._shm import sync as _sync
+from shmreplay._shm.kernels import codes, heap, items, sumtree, verify
+from shmreplay._shm.kernels import table as table_kernels
+from shmreplay._engine.table_engine import TableEngine
 
 AWKWARD = [1, 2, 3, 7, 50, 100, 1000]
 POWERS_OF_TWO = [4, 8, 64, 128, 1024]
@@ -617,7 +618,7 @@ def test_weight_zero_to_the_zero_is_zero():
 class ItemArrays:
     """One table's arrays on private memory (a bytearray), laid out by
     ``_layout.plan_table`` / ``table_views`` and initialized by ``TableEngine``, driven
-    through the locked entry points of ``shmreplay._kernels.table``."""
+    through the locked entry points of ``shmreplay._shm.kernels.table``."""
 
     def __init__(self, max_size, sampler, remover, _buf=None):
         self.config = shmreplay.Table(name="k", sampler=sampler, remover=remover,

@@ -21,7 +21,7 @@ import pytest
 
 import _mp_workers as W
 import shmreplay
-from shmreplay import _layout as L
+from shmreplay._shm import layout as L
 from shmreplay import errors
 from shmreplay.specs import TensorSpec
 

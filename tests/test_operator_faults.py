@@ -286,7 +286,8 @@ def test_gc_never_removes_a_buffer_being_created(buffer_name):
     in this one: no live buffer is removed. A header still zero, or naming no owner
     yet, cannot be judged and is left alone; an owner is dead only if its pid (with its
     start time) no longer runs."""
-    from shmreplay import _peek, cli
+    from shmreplay import cli
+    from shmreplay._shm import peek as _peek
     prefix = buffer_name + "-"
     creator = _Worker("storm", prefix, "3")
     every = _peek.segments

@@ -1,4 +1,5 @@
-"""The recycled memory that large sampled batches are gathered into (``shmreplay._outputs``)."""
+"""The recycled memory that large sampled batches are gathered into
+(``shmreplay._engine.outputs``)."""
 
 import gc
 
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _outputs, rate_limiters, selectors
+from shmreplay import rate_limiters, selectors
+from shmreplay._engine import outputs as _outputs
 import _names
 
 BIG = (_outputs.POOL_FROM // 4096 + 1, 4096)  # just above the pooling size, in uint8

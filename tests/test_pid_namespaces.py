@@ -24,9 +24,11 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _layout as L, _procs, errors
-from shmreplay._kernels import codes
-from shmreplay._kernels import table as kernels
+from shmreplay import errors
+from shmreplay._shm import layout as L
+from shmreplay._shm import procs as _procs
+from shmreplay._shm.kernels import codes
+from shmreplay._shm.kernels import table as kernels
 
 WORKER = os.path.join(os.path.dirname(__file__), "_pidns_workers.py")
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
@@ -238,7 +240,7 @@ def test_a_commit_of_a_slot_freed_under_its_writer_is_refused(buffer_name, path)
 
 def test_a_trajectory_writer_whose_slot_was_freed_raises_and_can_go_on(buffer_name,
                                                                         monkeypatch):
-    from shmreplay import _writing
+    from shmreplay._writers import writing as _writing
     with shmreplay.Server([shmreplay.Table.queue("q", 8)], name=buffer_name) as server:
         client = shmreplay.Client(server.name)
         engine = client._engine("q")

@@ -30,7 +30,11 @@ import pytest
 
 import _names
 import shmreplay
-from shmreplay import _buffer, _layout, _peek, _segment, errors
+from shmreplay import errors
+from shmreplay._engine import buffer as _buffer
+from shmreplay._shm import layout as _layout
+from shmreplay._shm import peek as _peek
+from shmreplay._shm import segment as _segment
 
 ROOT = Path(__file__).resolve().parents[1]
 SHM = "/dev/shm"

@@ -20,8 +20,9 @@ import pytest
 import _mp_workers as W
 import _segment_workers as SW
 import shmreplay
-from shmreplay import _layout as L
-from shmreplay import _peek, cli, errors
+from shmreplay._shm import layout as L
+from shmreplay import cli, errors
+from shmreplay._shm import peek as _peek
 
 SPAWN = multiprocessing.get_context("spawn")
 NOBODY = 65534

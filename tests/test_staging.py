@@ -1,4 +1,4 @@
-"""Single inserts of small items: staged, then one native call (``shmreplay._staging``)."""
+"""Single inserts of small items: staged, then one native call (``shmreplay._engine.staging``)."""
 
 import threading
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _staging, errors, rate_limiters, selectors
+from shmreplay import errors, rate_limiters, selectors
+from shmreplay._engine import staging as _staging
 import _names
 
 

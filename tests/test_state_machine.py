@@ -43,8 +43,8 @@ from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test)
 
 import shmreplay
-from shmreplay import _buffer
-from shmreplay import _layout as L
+from shmreplay._engine import buffer as _buffer
+from shmreplay._shm import layout as L
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.specs import TensorSpec
 

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 import shmreplay
-from shmreplay import _layout as L
-from shmreplay import _procs, _storage, errors, rate_limiters, selectors, specs
-from shmreplay._kernels import rows as row_kernels
-from shmreplay._kernels import table as kernels
+from shmreplay._shm import layout as L
+from shmreplay import errors, rate_limiters, selectors, specs
+from shmreplay._shm import procs as _procs
+from shmreplay._schema import storage as _storage
+from shmreplay._shm.kernels import rows as row_kernels
+from shmreplay._shm.kernels import table as kernels
 import _names
 
 STEP = specs.TensorSpec((), np.int64)

@@ -1,7 +1,7 @@
 """A process stopped while it holds a table's lock (Ctrl-Z, ``kill -STOP``, a debugger).
 
 The holder here is a spawned actor that attached by name and stopped itself (a crash
-point, ``shmreplay._crash_points``) inside the commit of an insert, with the lock
+point, ``shmreplay._shm.crash_points``) inside the commit of an insert, with the lock
 held. Every call that takes a timeout must honour it and say which process holds the
 lock and that it is stopped; calls without one wait, but Ctrl-C interrupts them; the
 owner's ``stop()`` finishes; a blocked call withdrawn by Ctrl-C is not left counted as
@@ -22,8 +22,10 @@ import pytest
 
 import _crash_workers as CW
 import shmreplay
-from shmreplay import _crash_points, _layout as L, errors
-from shmreplay._kernels import codes
+from shmreplay import errors
+from shmreplay._shm import crash_points as _crash_points
+from shmreplay._shm import layout as L
+from shmreplay._shm.kernels import codes
 
 SPAWN = multiprocessing.get_context("spawn")
 # What a timeout may overrun by here. The library's own overrun is one lock slice (20 ms)
@@ -118,7 +120,7 @@ def test_every_call_with_a_timeout_honours_it_and_names_the_stopped_holder(held)
     holder.resume()
     writer.flush(timeout_ms=5000)  # the item it kept goes in now
     writer.close()
-    from shmreplay import _snapshot
+    from shmreplay._engine import snapshot as _snapshot
     values = _snapshot.snapshot_table(client._engine("t")).arrays["store0"]  # column v
     assert -4 in values.tolist() and -1 not in values.tolist()  # (-1: the timed-out insert)
     assert client.verify("t") == []
@@ -169,7 +171,7 @@ def test_a_checkpoint_waits_for_the_holder_but_ctrl_c_interrupts_it(held, tmp_pa
 
 def test_a_slow_wait_is_logged_with_the_holder(held, caplog, monkeypatch):
     _, client, holder = held
-    from shmreplay import _lock_waits
+    from shmreplay._shm import lock_waits as _lock_waits
     monkeypatch.setattr(_lock_waits, "LOG_AFTER", 0.2)
     threading.Timer(0.6, holder.resume).start()
     with caplog.at_level(logging.WARNING, logger="shmreplay"):
@@ -275,7 +277,7 @@ def test_the_operators_commands_report_the_stopped_holder_instead_of_hanging(hel
 def test_a_holder_id_that_names_no_process_of_this_buffer_is_not_blamed(buffer_name):
     """The mutex records a thread id of the holder's pid namespace. Seen from another
     container that id may name an unrelated process (here: a `sleep`): it is not named."""
-    from shmreplay import _lock_waits
+    from shmreplay._shm import lock_waits as _lock_waits
     other = subprocess.Popen(["sleep", "30"])
     try:
         with shmreplay.Server([_table()], name=buffer_name) as server:

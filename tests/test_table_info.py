@@ -15,7 +15,8 @@ import pytest
 import _address_workers as workers
 import _names
 import shmreplay
-from shmreplay import _checkpoint, rate_limiters, selectors
+from shmreplay import rate_limiters, selectors
+from shmreplay._ops import checkpoint as _checkpoint
 
 SELECTORS = {
     "uniform": (selectors.Uniform, "uniform", False),

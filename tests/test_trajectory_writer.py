@@ -1084,7 +1084,7 @@ def test_a_row_taken_over_right_after_commit_is_not_mistaken_for_the_writers_ste
     # Writer A commits an item over its step; before A returns, writer B evicts that
     # item (a table of 1) and takes over its row. A must not remember B's row as
     # holding its step: A's next item over the same step must read A's value.
-    from shmreplay import _writing
+    from shmreplay._writers import writing as _writing
     with serve(shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 1,
                                rate_limiters.MinSize(1))) as (server, client):
         a, b = client.trajectory_writer(2), client.trajectory_writer(2)

@@ -1,4 +1,4 @@
-"""Kernels compile once per machine, before actors need them (``shmreplay._warmup``).
+"""Kernels compile once per machine, before actors need them (``shmreplay._ops.warmup``).
 
 The cold-cache test compiles every kernel into an empty numba cache (about 20 s of CPU
 on 2 cores); it is the one test here that pays that, and it checks several things at
@@ -126,7 +126,7 @@ def test_a_cold_machine_compiles_once_and_then_no_process_compiles():
         if not results[-1][0]:
             assert re.match(r"all \d+ kernels were already compiled", out), out
         # The warm-up reached every kernel that Python calls.
-        probe = ("import json; from shmreplay._kernels import _jit, table; "
+        probe = ("import json; from shmreplay._shm.kernels import _jit, table; "
                  "print(json.dumps([d.py_func.__name__ for d in _jit.uncached(table)]))")
         assert _finish(_python(probe, cache))[0] == []
         # A fresh process making every kind of call compiles nothing.
@@ -155,13 +155,13 @@ def test_python_calls_only_entry_points():
     """The cache probe checks only ``_jit.entry_points(table)``: a kernel that Python calls
     outside that set would be invisible to it (and compile lazily in every process)."""
     import ast
-    from shmreplay._kernels import _jit, table
+    from shmreplay._shm.kernels import _jit, table
     entry = {d.py_func.__name__ for d in _jit.entry_points(table)}
     called = set()
     for path in (ROOT / "shmreplay").glob("*.py"):
         tree = ast.parse(path.read_text())
         aliases = {a.asname or a.name for node in ast.walk(tree)
-                   if isinstance(node, ast.ImportFrom) and node.module == "shmreplay._kernels"
+                   if isinstance(node, ast.ImportFrom) and node.module == "shmreplay._shm.kernels"
                    for a in node.names if a.name == "table"}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
@@ -176,7 +176,7 @@ def test_a_stopped_lock_holder_delays_a_compile_by_the_bound_only(monkeypatch):
     """A process stopped while holding the compile lock (Ctrl-Z, a debugger) holds the
     others back until it has made no progress for ``STALL`` seconds, not forever; they
     then go on without it. A warm process does not wait at all."""
-    from shmreplay._kernels import _jit
+    from shmreplay._shm.kernels import _jit
     lock_path = os.path.join(_jit.cache_directory(), _jit.LOCK_NAME)
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
@@ -191,7 +191,7 @@ def test_a_stopped_lock_holder_delays_a_compile_by_the_bound_only(monkeypatch):
         assert holder.stdout.readline().strip() == "locked"
         # Loading a cached kernel takes no lock (this process has none loaded yet).
         probe = subprocess.run(
-            [sys.executable, "-c", "import shmreplay._kernels.table as k; k.seed(1)"],
+            [sys.executable, "-c", "import shmreplay._shm.kernels.table as k; k.seed(1)"],
             cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert probe.returncode == 0 and "waiting" not in probe.stderr, probe.stderr
         monkeypatch.setattr(_jit, "STALL", 0.5)
@@ -212,7 +212,7 @@ def test_a_stopped_lock_holder_delays_a_compile_by_the_bound_only(monkeypatch):
 
 def test_the_lock_is_reentrant_and_a_symlinked_lock_file_is_not_followed(tmp_path,
                                                                            monkeypatch):
-    from shmreplay._kernels import _jit
+    from shmreplay._shm.kernels import _jit
     target = tmp_path / "elsewhere"
     target.write_text("keep")
     directory = tmp_path / "cache"
@@ -239,8 +239,8 @@ def test_the_lock_is_reentrant_and_a_symlinked_lock_file_is_not_followed(tmp_pat
 def test_a_failing_warm_up_does_not_fail_the_server(monkeypatch, buffer_name, caplog):
     """Compiling ahead is an optimization: if the scratch run fails (say /dev/shm is
     full), the Server is still created and its kernels compile at first use."""
-    from shmreplay import _warmup
-    from shmreplay._kernels import _jit
+    from shmreplay._ops import warmup as _warmup
+    from shmreplay._shm.kernels import _jit
 
     def full(*args):
         raise OSError(28, "No space left on device")

@@ -26,9 +26,10 @@ import pytest
 import _mp_workers as W
 import _writer_workers as WW
 import shmreplay
-from shmreplay import _layout as L
-from shmreplay import _procs, errors, rate_limiters, selectors
-from shmreplay._kernels import codes
+from shmreplay._shm import layout as L
+from shmreplay import errors, rate_limiters, selectors
+from shmreplay._shm import procs as _procs
+from shmreplay._shm.kernels import codes
 
 pytestmark = pytest.mark.slow
 

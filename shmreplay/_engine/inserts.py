@@ -1,0 +1,319 @@
+"""Inserting into a table: reserve a slot (and step rows) under the lock, copy the
+data without it, commit under the lock.
+
+``TableEngine`` takes these methods from ``Inserting``. A reserved slot is WRITING for
+its process until committed or cancelled; a writer that dies holding one is found by
+``reclaim_dead_writers``. Small whole items take one native call and one lock hold
+(``kernels.insert_staged``), batches two (``reserve_whole``, ``commit_whole``).
+"""
+
+import time
+
+import numpy as np
+
+from shmreplay._shm import layout as L
+from shmreplay import errors
+from shmreplay._shm import lock_waits as _lock_waits
+from shmreplay._engine import staging as _staging
+from shmreplay._shm.kernels import codes
+from shmreplay._shm.kernels import table as kernels
+from shmreplay._shm.procs import STAMP as _STAMP, writer_alive
+
+RECLAIM_EVERY = 0.2  # seconds of blocked inserting between scans for dead writers
+_SCRATCH_IO = np.zeros(2, np.int64)  # for calls that never wait (its content is unused)
+# The remover writes the evicted item's probability here; nobody reads it, so threads
+# may share it.
+_SCRATCH_PROB = np.empty(2, np.float64)
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.monotonic() + max(0.0, timeout)
+
+
+class Inserting:
+    """``TableEngine``'s inserting methods (see the module docstring)."""
+
+    def insert_one(self, leaves, priority: float, timeout):
+        """Inserts one validated item; returns its key.
+
+        A small item goes through a staging block and one native call (one lock hold);
+        otherwise, or when that call is blocked: reserve, copy without the lock, commit.
+        """
+        stagings = self._stagings
+        if stagings is not None:
+            try:
+                staging = stagings.pop()  # atomic: this thread's alone until appended
+            except IndexError:
+                staging = _staging.Staging(self.column_specs, self._stores)
+            try:
+                for row, leaf in zip(staging.rows, leaves):
+                    row[0] = leaf
+                key = kernels.insert_staged(self._header_bytes, self._table_offsets,
+                                            self._data_bytes, staging.block, staging.layout,
+                                            priority, _STAMP[0], _SCRATCH_PROB)
+            finally:
+                stagings.append(staging)
+            if key > 0:
+                return key
+            if key != codes.BLOCKED and key != codes.LOCK_BUSY:
+                self._raise_status(key)
+        deadline = _deadline(timeout)
+        slot = kernels.reserve_one(*self.arrays, _STAMP[0])
+        if slot < 0:
+            if slot != codes.BLOCKED and slot != codes.LOCK_BUSY:
+                self._raise_status(slot)
+            slot = self.reserve(1, timeout)[0]
+        try:
+            for column, leaf in zip(self.columns, leaves):
+                column[slot] = leaf
+        except BaseException:
+            self.cancel(np.array([slot]))
+            raise
+        key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB, _STAMP[0])
+        if key == codes.LOCK_BUSY:
+            key = self._commit_when_free(
+                lambda: kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB,
+                                           _STAMP[0]),
+                np.array([slot]), deadline, timeout)
+        if key < 0:
+            self._raise_status(key)
+        return key
+
+    def insert_many(self, leaves, priorities, count: int, timeout):
+        """Inserts a validated batch into this whole-item table; returns the keys (uint64
+        [B]), or None if a priority is invalid (checked natively; nothing changed).
+
+        Two native calls around the copy (reserve, then commit), which runs without the
+        lock: one slice per column when the slots are one run, as they usually are.
+        """
+        work = np.empty(5 * count + 1, np.int64)  # slots, run start, commit's scratch
+        deadline = _deadline(timeout)
+        status = kernels.reserve_whole(self._header_bytes, self._table_offsets, count,
+                                       priorities, self.max_priority, _STAMP[0], work,
+                                       _SCRATCH_IO)
+        if status == codes.INVALID_PRIORITY:
+            return None
+        if status < 0:
+            if status != codes.BLOCKED and status != codes.LOCK_BUSY:
+                self._raise_status(status)
+            work[:count] = self.reserve(count, timeout)
+            work[count] = work[0] if kernels.ascending_run(work[:count]) else -1
+        first = int(work[count])
+        try:
+            if first >= 0:
+                rows = slice(first, first + count)
+                for column, leaf in zip(self.columns, leaves):
+                    column[rows] = leaf
+            else:
+                self.write(work[:count], leaves, True)
+        except BaseException:
+            self.cancel(work[:count])
+            raise
+        keys = np.empty(count, np.uint64)
+        status = kernels.commit_whole(self._header_bytes, self._table_offsets, work, count,
+                                      priorities, keys, _SCRATCH_PROB, _STAMP[0])
+        if status == codes.LOCK_BUSY:
+            status = self._commit_when_free(
+                lambda: kernels.commit_whole(self._header_bytes, self._table_offsets, work,
+                                             count, priorities, keys, _SCRATCH_PROB, _STAMP[0]),
+                work[:count].copy(), deadline, timeout)
+        if status < 0:
+            self._raise_status(status)
+        return keys
+
+    def _commit_when_free(self, commit, slots, deadline, timeout):
+        """Calls ``commit()`` (which returned ``LOCK_BUSY`` once) until the lock is free;
+        returns its status. At ``deadline`` (or on Ctrl-C) gives the reserved ``slots``
+        up, to be cancelled later (``_settle_abandoned``), and raises."""
+        lock_wait = _lock_waits.LockWait(self, deadline, timeout, "insert")
+        while True:
+            try:
+                lock_wait.again()
+            except BaseException:
+                self._abandoned.extend(int(slot) for slot in slots)
+                raise
+            status = commit()
+            if status != codes.LOCK_BUSY:
+                return status
+
+    def _settle_abandoned(self):
+        """Cancels the slots that calls gave up after reserving them (their commit found
+        the lock held until their deadline), and frees the slots samples deleted but
+        could not release. They stay WRITING or DRAINING for this process until then;
+        if the lock is still busy, until the next try."""
+        slots, self._abandoned[:] = list(self._abandoned), []
+        undrained, self._undrained[:] = list(self._undrained), []
+        try:
+            if slots:
+                _lock_waits.call(self, time.monotonic() + 0.1, 0.1, "cancel", kernels.cancel,
+                                 np.array(slots, np.int64),
+                                 np.full(len(slots), _STAMP[0], np.int64))
+                slots = []
+            while undrained:
+                drained_slots, versions = undrained[-1]
+                _lock_waits.call(self, time.monotonic() + 0.1, 0.1, "release",
+                                 kernels.release_drained, drained_slots, versions, _STAMP[0])
+                undrained.pop()
+        except errors.LockTimeoutError:
+            self._abandoned.extend(slots)
+            self._undrained.extend(undrained)
+
+    def reserve(self, n: int, timeout):
+        """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots)."""
+        if self._abandoned or self._undrained:
+            self._settle_abandoned()
+        slots = np.empty(n, np.int64)
+        stamp = _STAMP[0]
+        self._blocking(kernels.reserve, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
+                       lambda was_waiting, register: (n, stamp, was_waiting, register, slots))
+        return slots
+
+    def write(self, slots, leaves, batched: bool):
+        """Copies one item's (or a batch's) leaves into the reserved slots, without the lock."""
+        if batched:
+            if kernels.ascending_run(slots):
+                rows = slice(int(slots[0]), int(slots[0]) + len(slots))
+            else:
+                rows = slots
+            for column, leaf in zip(self.columns, leaves):
+                column[rows] = leaf
+        else:
+            slot = slots[0]
+            for column, leaf in zip(self.columns, leaves):
+                column[slot] = leaf
+
+    def reserve_item(self, known_rows, known_gens, ref_steps, timeout):
+        """Reserves a slot and step rows for one item of step storage (blocking).
+
+        See ``kernels.reserve_item``. Returns ``(slot, rows, fresh)``: the row of each
+        distinct step, and whether it is new (to be written by the caller).
+        """
+        if ref_steps.shape[0] != self.refs.shape[1] or not 0 < known_rows.shape[0] <= len(ref_steps):
+            raise ValueError(f"Table '{self.name}': an item of step storage needs "
+                             f"{self.refs.shape[1]} references (got {ref_steps.shape[0]}) over "
+                             f"1..{ref_steps.shape[0]} distinct steps (got {known_rows.shape[0]}).")
+        distinct = known_rows.shape[0]
+        rows = np.empty(distinct, np.int64)
+        fresh = np.empty(distinct, np.int64)
+        stamp = _STAMP[0]
+        slot = self._blocking(
+            kernels.reserve_item, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
+            lambda was_waiting, register: (known_rows, known_gens, ref_steps, stamp, was_waiting,
+                                           register, rows, fresh))
+        return slot, rows, fresh
+
+    def reserve_items(self, count: int, timeout):
+        """Reserves ``count`` items for data given whole (``insert``): ``(slots, rows)``.
+
+        ``rows`` is None for whole-item storage; for step storage, each item gets new
+        rows (``split_rows`` says which reference uses which).
+        """
+        if not self.storage.steps:
+            return self.reserve(count, timeout), None
+        ref_steps, distinct = self._split_plan()
+        known = np.full(distinct, -1, np.int64)
+        gens = np.zeros(distinct, np.int64)
+        if count == 1:  # nothing else is held while this one waits
+            slot, rows, _ = self.reserve_item(known, gens, ref_steps, timeout)
+            return np.array([slot], np.int64), rows.reshape(1, distinct)
+        # Several items, one reservation each: take them all without waiting, or hand
+        # back what was taken and wait, holding nothing, until the limiter admits them
+        # all (holding some while waiting for the rest blocked other inserters).
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            slots = np.empty(count, np.int64)
+            rows = np.empty((count, distinct), np.int64)
+            done = 0
+            try:
+                for i in range(count):
+                    slots[i], rows[i], _ = self.reserve_item(known, gens, ref_steps, 0.0)
+                    done += 1
+                return slots, rows
+            except errors.DeadlineExceededError:
+                self.cancel(slots[:done])
+            except BaseException:
+                self.cancel(slots[:done])
+                raise
+            self._wait_until_insertable(count, deadline, timeout)
+
+    def _wait_until_insertable(self, count: int, deadline, timeout):
+        """Polls ``can_insert(count)`` (a rare path: batches into step storage)."""
+        pause = 0.0005
+        next_reclaim = time.monotonic() + RECLAIM_EVERY
+        while not self.can_insert(count):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise errors.DeadlineExceededError(
+                    f"Table '{self.name}': the rate limiter did not allow {count} inserts "
+                    f"within the timeout of {errors.seconds(timeout)}.")
+            if now >= next_reclaim:
+                self.reclaim_dead_writers()
+                next_reclaim = now + RECLAIM_EVERY
+            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+            pause = min(2 * pause, 0.01)
+
+    def _split_plan(self):
+        """How whole item data maps onto new rows: ``(ref_steps, distinct)``.
+
+        Columns stored in different stores share rows (row ``j`` holds each column's
+        ``j``-th step); columns sharing a store get rows of their own.
+        """
+        plan = getattr(self, "_split", None)
+        if plan is None:
+            used = {}
+            ref_steps = []
+            for column in self.storage.columns:
+                base = used.get(column.store, 0)
+                ref_steps.extend(range(base, base + column.length))
+                used[column.store] = base + column.length
+            plan = self._split = (np.array(ref_steps, np.int64), max(used.values()))
+        return plan
+
+    def write_items(self, slots, rows, arrays, batched: bool):
+        """Copies whole items' columns into their reserved slots or rows, without the lock."""
+        if rows is None:
+            self.write(slots, arrays, batched)
+            return
+        ref_steps, _ = self._split_plan()
+        for column, array in zip(self.storage.columns, arrays):
+            store = self.columns[column.store]
+            steps = ref_steps[column.offset:column.offset + column.length]
+            for i in range(len(slots)):
+                value = array[i] if batched else array
+                if column.squeeze:
+                    store[rows[i, steps[0]]] = value
+                else:
+                    store[rows[i, steps]] = value
+
+    def commit(self, slots, priorities, deadline=None, timeout=None):
+        keys = np.empty(len(slots), np.int64)
+        touched = np.empty((2, 2 * len(slots)), np.int64)
+        status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB, touched,
+                                _STAMP[0])
+        if status == codes.LOCK_BUSY:
+            status = self._commit_when_free(
+                lambda: kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
+                                       touched, _STAMP[0]),
+                slots, deadline, timeout)
+        if status < 0:
+            self._raise_status(status)
+        return keys.view(np.uint64)
+
+    def cancel(self, slots):
+        self._call(kernels.cancel, slots, np.full(len(slots), _STAMP[0], np.int64))
+
+    def reclaim_dead_writers(self) -> int:
+        """Frees slots reserved by writers that died before committing them.
+
+        Only writers of this process's pid namespace are judged: another namespace's
+        slots stay reserved (``shmreplay._shm.procs``; the docs' "pid namespaces").
+        """
+        if self._abandoned or self._undrained:
+            self._settle_abandoned()
+        slots = np.empty(self.capacity, np.int64)
+        stamps = np.empty(self.capacity, np.int64)
+        count = kernels.writing_slots(*self.arrays, slots, stamps)
+        dead = [i for i in range(max(count, 0)) if writer_alive(int(stamps[i])) is False]
+        if not dead:
+            return 0
+        return self._call(kernels.cancel, slots[dead], stamps[dead])

@@ -1,0 +1,112 @@
+"""Checks of a checkpoint's manifest and layout against what ``save`` writes.
+
+``shmreplay._ops.checkpoint.load`` runs them once the manifest's crc32 held; the arrays'
+own bytes are checked by their crc32s and by ``shmreplay._ops.restore``.
+"""
+
+import numpy as np
+
+from shmreplay._shm import layout as L
+from shmreplay import errors
+from shmreplay._engine.snapshot import COUNTERS, ITEM_FIELDS
+
+FILE_HEADER_SIZE = 64  # (``_checkpoint.FILE_HEADER_SIZE``: the arrays start after it)
+
+
+def check_table(path: str, size: int, table, version: int):
+    """Checks one table's manifest entry: its storage and every array's place, dtype and
+    shape against its item count (the arrays' values are checked by ``restore_table``).
+
+    Raises:
+      CheckpointError: if anything does not match what ``save`` writes.
+    """
+    from shmreplay._schema import storage as _storage
+    from shmreplay.table import Table
+
+    def corrupt(problem):
+        return errors.CheckpointError(f"Checkpoint {path}: table '{table.name}' {problem}.")
+
+    if not isinstance(table.config, Table) or table.config.name != table.name:
+        raise corrupt("has no valid configuration")
+    if table.storage is not None and (type(table.storage) is not _storage.Storage
+                                      or type(table.storage.steps) is not bool):
+        raise corrupt("has an invalid storage description")
+    if not (0 <= table.num_items <= table.capacity and table.capacity > 0
+            and table.slot_bits == L.slot_bits(table.capacity)):
+        raise corrupt(f"has {table.num_items} items in {table.capacity} slots of "
+                      f"{table.slot_bits} key bits")
+    if set(table.counters) != set(COUNTERS) or not all(
+            type(v) is int and v >= 0 for v in table.counters.values()):
+        raise corrupt("has invalid counters")
+    n = table.num_items
+    expected = {name: (np.dtype(np.int64), (n,)) for name in ITEM_FIELDS}
+    expected["priority"] = (np.dtype(np.float64), (n,))
+    if version >= 2:
+        expected["episode"] = (np.dtype(np.int64), (n,))
+    stored = None
+    storage = table.storage
+    if storage is not None:
+        try:
+            store_specs = [(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
+                           for spec in storage.store_specs]
+        except Exception as exc:
+            raise corrupt("has an invalid storage description") from exc
+        if storage.steps:
+            expected["refs"] = (np.dtype(np.int32), (n, storage.width))
+            try:  # the steps stored: every store holds as many
+                stored = table.layout["store0"][2][0]
+            except Exception:
+                stored = None
+            if type(stored) is not int or stored < 0 or not store_specs:
+                raise corrupt("has no valid step stores")
+        for index, (dtype, shape) in enumerate(store_specs):
+            expected[f"store{index}"] = (dtype, ((stored,) if storage.steps else (n,)) + shape)
+    if storage is not None and "forms" in table.layout:  # items' forms (_item_forms)
+        expected["forms"] = (np.dtype(np.int64), (n,))
+    if set(table.layout) != set(expected):
+        raise corrupt(f"has arrays {sorted(table.layout)}, not {sorted(expected)}")
+    for key, entry in table.layout.items():
+        try:
+            offset, descr, shape = entry
+            dtype = np.lib.format.descr_to_dtype(descr)
+            shape = tuple(shape)
+            valid = (type(offset) is int and all(type(d) is int for d in shape)
+                     and (dtype, shape) == expected[key])
+        except Exception:
+            valid = False
+        if not valid:
+            raise corrupt(f"array {key} is not {expected[key][0]} of shape {expected[key][1]}")
+        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if offset < FILE_HEADER_SIZE or offset + nbytes > size:
+            raise corrupt(f"array {key} lies outside the file")
+    if table.checksums is not None and (set(table.checksums) != set(table.layout) or not all(
+            type(crc) is int and 0 <= crc < 1 << 32 for crc in table.checksums.values())):
+        raise corrupt("has no valid crc32 for each of its arrays")
+
+
+def check_padding(path: str, mapped, tables: list, manifest_offset: int):
+    """Checks that the arrays tile the file from the header to the manifest, with only
+    zero bytes (fewer than an alignment's worth) between them: every byte there is
+    then either checksummed or known.
+
+    Raises:
+      CheckpointError: naming the array the damaged padding precedes.
+    """
+    places = []
+    for table in tables:
+        for key, (offset, descr, shape) in table.layout.items():
+            nbytes = np.lib.format.descr_to_dtype(descr).itemsize * int(np.prod(shape))
+            places.append((offset, nbytes, f"table '{table.name}' array '{key}'"))
+    places.sort()
+    covered = FILE_HEADER_SIZE
+    for offset, nbytes, name in places + [(manifest_offset, 0, "the manifest")]:
+        gap = offset - covered
+        if not 0 <= gap < L.ALIGN:
+            raise errors.CheckpointError(
+                f"Checkpoint {path}: its arrays do not follow each other as written "
+                f"({gap} bytes before {name}): the manifest or the file is damaged.")
+        if any(mapped[covered:offset]):
+            raise errors.CheckpointError(
+                f"Checkpoint {path}: its padding at bytes {covered}..{offset - 1} (before "
+                f"{name}) is not zero: the file is damaged. Restore another checkpoint.")
+        covered = offset + nbytes

@@ -1,0 +1,134 @@
+"""Whether a writer's item fits its table, and the storage a table's first item defines.
+
+Both writers build items of ``shmreplay._writers.writing.ItemColumn``s (step references);
+these checks run once per item shape (``_writing.plan_item`` caches the result), so they
+may explain at length. The table's layout comes from its storage, else its declared
+signature; a one-step column fits either form of a one-step stored column, and the item's
+form says which (``shmreplay._schema.item_forms``).
+"""
+
+from shmreplay import errors, specs
+from shmreplay._schema import item_forms as _item_forms
+from shmreplay._schema import storage as _storage
+
+
+def check_column(column, table: str, where: str):
+    """Every reference of a column must hold values of one shape and dtype."""
+    first = column.refs[0]
+    for ref in column.refs:
+        if ref.value.dtype != first.value.dtype or ref.value.shape != first.value.shape:
+            raise errors.SchemaError(
+                f"Table '{table}', column {where}: its steps mix {first.value.dtype}"
+                f"{list(first.value.shape)} and {ref.value.dtype}{list(ref.value.shape)}.")
+
+
+def item_specs(columns: list):
+    """The TensorSpec each column of the item is sampled with (no batch dimension)."""
+    out = []
+    for column in columns:
+        ref = column.refs[0]
+        shape = ref.value.shape if column.squeeze else (len(column.refs),) + ref.value.shape
+        out.append(specs.TensorSpec(shape, ref.value.dtype))
+    return out
+
+
+def check_rows_fit(engine, storage, columns: list):
+    """Raises SchemaError, before a table's first item fixes its storage, if that item
+    needs more step rows than the storage would have (a row per distinct step of the
+    shared columns, one per reference of a mixed column)."""
+    shared = {ref.uid for column in columns if column.source is not None
+              for ref in column.refs}
+    needed = len(shared) + sum(len(c.refs) for c in columns if c.source is None)
+    rows = engine.capacity * storage.steps_per_item
+    if needed > rows:
+        raise errors.SchemaError(
+            f"Table '{engine.name}': the item references {needed} distinct steps, more "
+            f"than the step storage it would define can hold ({rows} rows, sized for "
+            f"{storage.steps_per_item} steps per item). Nothing was stored.")
+
+
+def validate_item(engine, treedef, columns: list, paths: list[str],
+                  per_step: bool = False):
+    """Checks an item against the table's items; returns the storage to define, or None.
+
+    A one-step column fits a column the table stores with or without a time dimension
+    of 1 (as in Reverb, where both go into one table); the item's form records which
+    (``shmreplay._schema.item_forms``). Before the table stores anything, its signature
+    decides the layout, matched by flattened leaves; with ``per_step`` (the legacy
+    ``Writer``) a column of ``T`` steps also matches a signature spec of one step, and
+    the first item then fixes ``T`` for the table.
+
+    Raises:
+      SchemaError: if the item's structure, shapes or dtypes differ from the table's.
+    """
+    table = engine.name
+    for column, path in zip(columns, paths):
+        check_column(column, table, path)
+    got = item_specs(columns)
+    layout = engine.known_layout()
+    if layout is None:
+        return _storage.step_storage(specs.optree.tree_unflatten(treedef, got), _cells(columns),
+                                     [len(c.refs) for c in columns],
+                                     [c.squeeze for c in columns], [c.source for c in columns])
+    expected_treedef, expected_specs, _ = layout
+    if not specs.same_structure(treedef, expected_treedef):
+        problems, _ = specs.structure_mismatch(treedef, expected_treedef, expected_specs)
+        mismatch = errors.SchemaError(
+            f"Table '{table}': the item does not match the structure of the table's "
+            f"items: {'; '.join(problems)}.")
+        if (engine.config.signature is None or not specs.positional(treedef)
+                or len(columns) != len(expected_specs)):
+            raise mismatch
+        try:  # Reverb matches a signature by flattened leaves
+            return validate_item(engine, expected_treedef, columns, paths, per_step)
+        except errors.SchemaError:
+            raise mismatch from None
+    if engine.has_columns():
+        item_form(engine, columns, got, paths)  # raises if a column does not fit
+        return None
+    # Only the signature so far: the item defines step storage in the signature's layout.
+    lengths, squeezes = [], []
+    for spec, want, path, column in zip(got, expected_specs, paths, columns):
+        cell = column.refs[0].value.shape
+        length, squeeze = len(column.refs), column.squeeze
+        if spec.dtype == want.dtype and length == 1 and want.shape in (cell, (1,) + cell):
+            squeeze = want.shape == cell  # the signature's form of a one-step column
+        elif spec.dtype != want.dtype or not (
+                spec.shape == want.shape
+                or (per_step and not squeeze and spec.shape[1:] == want.shape)):
+            raise _mismatch(table, path, spec, want)
+        lengths.append(length)
+        squeezes.append(squeeze)
+    stored = [specs.TensorSpec(cell.shape if squeeze else (length,) + cell.shape, cell.dtype)
+              for cell, length, squeeze in zip(_cells(columns), lengths, squeezes)]
+    return _storage.step_storage(specs.optree.tree_unflatten(expected_treedef, stored),
+                                 _cells(columns), lengths, squeezes,
+                                 [c.source for c in columns])
+
+
+def item_form(engine, columns: list, got, paths) -> int:
+    """The form of an item for ``engine``'s storage (``shmreplay._schema.item_forms``).
+
+    Raises:
+      SchemaError: a column fits the stored one in neither form.
+    """
+    bits = []
+    for spec, want, (kind, stored), path, column in zip(
+            got, engine.column_specs, _item_forms.column_kinds(engine), paths, columns):
+        bit = _item_forms.flip_bit(kind, stored, spec.shape) if spec.dtype == want.dtype else None
+        if bit is None:
+            if spec.dtype != want.dtype or spec.shape != want.shape or column.squeeze:
+                raise _mismatch(engine.name, path, spec, want)
+            bit = 0  # (the legacy Writer's sequences into a table of whole items)
+        bits.append(bit)
+    return _item_forms.mask(bits, engine.name, paths)
+
+
+def _cells(columns: list):
+    return [specs.TensorSpec(c.refs[0].value.shape, c.refs[0].value.dtype) for c in columns]
+
+
+def _mismatch(table, path, spec, want):
+    return errors.SchemaError(
+        f"Table '{table}', column {path}: the item has {spec.dtype}{list(spec.shape)}, "
+        f"the table's items have {want.dtype}{list(want.shape)}.")

@@ -1,0 +1,107 @@
+"""Step rows of tables that store steps (sequence items), without locks.
+
+A row is one stored step, shared by every item that references it. ``rows[row, R_COUNT]``
+counts the references from items that are live or being written; a row whose count
+drops to zero goes back on a free stack linked through the same field (``-2 - next``).
+``rows[row, R_GEN]`` changes each time a row is handed out, so a writer may re-use a row
+it wrote only while the row still holds its step (same generation, count > 0).
+
+Each slot's references are ``refs[slot, :]`` (``C_REFS_WIDTH`` of them). Tables that store
+whole items have width 0 and never reach this module's loops.
+"""
+
+from shmreplay._shm.kernels import codes, kernel
+from shmreplay._shm.layout import (
+    C_FRESH, C_LAYOUT_GEN, C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP,
+    C_ROW_FRESH, C_ROWS_DIRTY, C_ROWS_LIVE, M_STATE, R_COUNT, R_GEN)
+
+
+@kernel
+def forget(ctrl):
+    """Drops the step storage's words (``reset`` forgetting the layout; the table holds
+    no items and no slot is being written)."""
+    ctrl[C_REFS_WIDTH] = 0
+    ctrl[C_ROW_CAPACITY] = 0
+    ctrl[C_ROW_FREE_HEAD] = -1
+    ctrl[C_ROW_FREE_TOP] = 0
+    ctrl[C_ROW_FRESH] = 0
+    ctrl[C_ROWS_LIVE] = 0
+    ctrl[C_ROWS_DIRTY] = 0
+
+
+@kernel
+def free_rows(ctrl):
+    return ctrl[C_ROW_FREE_TOP] + ctrl[C_ROW_CAPACITY] - ctrl[C_ROW_FRESH]
+
+
+@kernel
+def pop_row(ctrl, rows):
+    """A free row with a new generation and one reference, or -1. Recently freed first."""
+    if ctrl[C_ROW_FREE_TOP] > 0:
+        row = ctrl[C_ROW_FREE_HEAD]
+        ctrl[C_ROW_FREE_HEAD] = -2 - rows[row, R_COUNT]
+        ctrl[C_ROW_FREE_TOP] -= 1
+    elif ctrl[C_ROW_FRESH] < ctrl[C_ROW_CAPACITY]:
+        row = ctrl[C_ROW_FRESH]
+        ctrl[C_ROW_FRESH] = row + 1
+    else:
+        return -1
+    rows[row, R_GEN] += 1
+    rows[row, R_COUNT] = 0
+    ctrl[C_ROWS_LIVE] += 1
+    return row
+
+
+@kernel
+def push_row(ctrl, rows, row):
+    rows[row, R_COUNT] = -2 - ctrl[C_ROW_FREE_HEAD]
+    ctrl[C_ROW_FREE_HEAD] = row
+    ctrl[C_ROW_FREE_TOP] += 1
+    ctrl[C_ROWS_LIVE] -= 1
+
+
+@kernel
+def is_live(rows, row, gen):
+    """Whether ``row`` still holds the step a writer stored there at generation ``gen``."""
+    # (the last record is the layout stamp, never a step's row)
+    return 0 <= row < rows.shape[0] - 1 and rows[row, R_COUNT] > 0 and rows[row, R_GEN] == gen
+
+
+@kernel
+def release(ctrl, refs, rows, slot):
+    """Drops the references of the item in ``slot``; rows nobody references are freed."""
+    for j in range(refs.shape[1]):
+        row = refs[slot, j]
+        count = rows[row, R_COUNT] - 1
+        rows[row, R_COUNT] = count
+        if count == 0:
+            push_row(ctrl, rows, row)
+
+
+@kernel
+def rebuild(ctrl, meta, refs, rows):
+    """Recounts every row's references from the slots that hold items (after a crash)."""
+    fresh = ctrl[C_ROW_FRESH]
+    for row in range(fresh):
+        rows[row, R_COUNT] = 0
+    for slot in range(ctrl[C_FRESH]):
+        state = meta[slot, M_STATE]
+        if state == codes.READY or state == codes.WRITING or state == codes.DRAINING:
+            for j in range(refs.shape[1]):
+                rows[refs[slot, j], R_COUNT] += 1
+    ctrl[C_ROW_FREE_TOP] = 0
+    ctrl[C_ROW_FREE_HEAD] = -1
+    ctrl[C_ROWS_LIVE] = fresh
+    for row in range(fresh - 1, -1, -1):  # so the lowest free row ends on top
+        if rows[row, R_COUNT] == 0:
+            push_row(ctrl, rows, row)
+    ctrl[C_ROWS_DIRTY] = 0
+
+
+@kernel
+def mapped(ctrl, refs, rows):
+    """Whether the caller passed this table's current arrays: its step arrays (or
+    none, for whole items), stamped with the current layout generation (``rows`` ends
+    with the stamp record: see ``shmreplay._shm.layout.stamp_rows``)."""
+    return (refs.shape[1] == ctrl[C_REFS_WIDTH] and rows.shape[0] > 0
+            and rows[rows.shape[0] - 1, R_COUNT] == ctrl[C_LAYOUT_GEN])

@@ -75,7 +75,8 @@ def _gc_only(prefix):
     are other programs' (another test run's SIGKILLed owner, which that test is about to
     look at; a buffer another program is creating right now)."""
     code = ("import sys\n"
-            "from shmreplay import _peek, cli\n"
+            "from shmreplay import cli\n"
+            "from shmreplay._shm import peek as _peek\n"
             "every = _peek.segments\n"
             "_peek.segments = lambda: {n: e for n, e in every().items()\n"
             "                          if n.startswith(sys.argv[1])}\n"

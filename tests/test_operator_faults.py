@@ -140,7 +140,8 @@ def _cli(*args, only=None):
     """``shmreplay ARGS`` in a new process; with ``only``, gc is limited to the buffers
     whose names start so (the others on the machine are other programs')."""
     code = ("import sys\n"
-            "from shmreplay import _peek, cli\n"
+            "from shmreplay import cli\n"
+            "from shmreplay._shm import peek as _peek\n"
             "every = _peek.segments\n"
             "if sys.argv[1]:\n"
             "    _peek.segments = lambda: {n: e for n, e in every().items()\n"

@@ -109,7 +109,8 @@ def _cli(*args, only=None):
     """``shmreplay ARGS``; with ``only``, seeing only the buffers whose names start so
     (``gc`` must not remove another test run's dead owner's buffer, as test_cli says)."""
     code = ("import sys\n"
-            "from shmreplay import _peek, cli\n"
+            "from shmreplay import cli\n"
+            "from shmreplay._shm import peek as _peek\n"
             "every = _peek.segments\n"
             "if sys.argv[1]:\n"
             "    _peek.segments = lambda: {n: e for n, e in every().items()\n"
@@ -275,7 +276,7 @@ def test_a_process_whose_proc_shows_another_namespace_judges_nobody():
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(shmreplay.__file__)))
     done = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c",
-         "import os; from shmreplay import _procs; "
+         "import os; from shmreplay._shm import procs as _procs; "
          "print(os.getpid(), _procs.NS[0], _procs.STAMP[0], _procs.judge(os.getpid(), 0))"],
         capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr

@@ -32,8 +32,10 @@ is unpickled on load: a checkpoint file is trusted input, like any pickle (see
 import concurrent.futures
 import contextlib
 import dataclasses
+import io
 import mmap
 import os
+import pickle
 import re
 import sys
 import time
@@ -373,6 +375,16 @@ class Checkpoint:
         return next((t for t in self.tables if t.name == name), None)
 
 
+# Files written before the private modules moved into folders name the storage
+# description by its old module; the class is the same.
+_MOVED_MODULES = {"shmreplay._storage": "shmreplay._schema.storage"}
+
+
+class _ManifestUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        return super().find_class(_MOVED_MODULES.get(module, module), name)
+
+
 def load(path: str) -> Checkpoint:
     """Reads and checks a checkpoint's header and manifest (arrays stay on disk).
 
@@ -423,7 +435,7 @@ def load(path: str) -> Checkpoint:
         raise errors.CheckpointError(f"Checkpoint {path}: its manifest is corrupt (crc32).")
     checksummed = version >= CHECKSUMMED_FROM
     try:
-        manifest = cloudpickle.loads(manifest_bytes)
+        manifest = _ManifestUnpickler(io.BytesIO(manifest_bytes)).load()
         tables = [TableCheckpoint(t["name"], t["config"], t["storage"], int(t["capacity"]),
                                   int(t["slot_bits"]), dict(t["counters"]), int(t["num_items"]),
                                   path, dict(t["arrays"]), mapped,

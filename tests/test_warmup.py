@@ -158,7 +158,7 @@ def test_python_calls_only_entry_points():
     from shmreplay._shm.kernels import _jit, table
     entry = {d.py_func.__name__ for d in _jit.entry_points(table)}
     called = set()
-    for path in (ROOT / "shmreplay").glob("*.py"):
+    for path in (ROOT / "shmreplay").rglob("*.py"):
         tree = ast.parse(path.read_text())
         aliases = {a.asname or a.name for node in ast.walk(tree)
                    if isinstance(node, ast.ImportFrom) and node.module == "shmreplay._shm.kernels"

@@ -80,13 +80,14 @@ def jit(function, inline: bool):
 
 
 def entry_points(module):
-    """The kernels that Python code calls: the public functions of ``module``
-    (``shmreplay._shm.kernels.table``, which the caller imports: this module is below it).
+    """The kernels that Python code calls: the public kernels that ``module`` names
+    (``shmreplay._shm.kernels.table``, which the caller imports: this module is below it;
+    they are defined in the modules by job that it imports them from).
 
     Loading one of them from the cache loads everything it calls, compiled in.
     """
-    return [d for d in DISPATCHERS if d.py_func.__module__ == module.__name__
-            and not d.py_func.__name__.startswith("_")]
+    return [d for d in DISPATCHERS if not d.py_func.__name__.startswith("_")
+            and getattr(module, d.py_func.__name__, None) is d]
 
 
 def _sources_digest() -> str:

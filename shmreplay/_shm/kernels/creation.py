@@ -7,7 +7,7 @@ only from a claimant it found dead (the pid and start time it passes as ``dead_*
 """
 
 from shmreplay._shm.kernels import codes, kernel
-from shmreplay._shm.kernels.table import _lock, _unlock
+from shmreplay._shm.kernels.locking import _lock, _unlock
 from shmreplay._shm.layout import (C_CLOSED, C_CREATOR_PID, C_CREATOR_START, C_DATA_TOKEN,
                                C_REFS_WIDTH, C_ROW_CAPACITY, C_SCHEMA_READY)
 

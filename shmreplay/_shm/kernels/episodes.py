@@ -6,7 +6,7 @@ equals the slot's. Counting is lazy: nothing on the insert or sample paths chang
 """
 
 from shmreplay._shm.kernels import kernel
-from shmreplay._shm.kernels.table import _lock, _unlock
+from shmreplay._shm.kernels.locking import _lock, _unlock
 from shmreplay._shm.layout import C_SIZE, E_EPISODE, E_VERSION, M_KEY, M_LIVE, M_VERSION
 
 

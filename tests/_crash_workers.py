@@ -76,13 +76,15 @@ def stop_halfway_through_copying(name, table, ready, go, acks, count):
 
 def stop_while_copying_a_sample(name, table, ready, go, acks, count):
     """Samples (deleting the items: a queue), and stops before copying them out."""
-    client = shmreplay.Client(name)
-    engine = client._engine(table)
+    from shmreplay._engine.kinds import whole_items
 
-    def gather_then_stop(slots):
+    def gather_then_stop(kind, slots):
         os.kill(os.getpid(), signal.SIGSTOP)
 
-    engine._gather = gather_then_stop
+    # The engine binds its storage kind's gather when it maps the table.
+    whole_items.WholeItems.gather = gather_then_stop
+    client = shmreplay.Client(name)
+    client._engine(table)
     ready.set()
     go.wait(60)
     client.sample_batch(table, 4)
@@ -100,10 +102,10 @@ def stop_inside_checkpoint(name, table, ready, go, acks, count, path):
     from shmreplay._engine import snapshot as _snapshot
     client = shmreplay.Client(name)
 
-    def copy_then_stop(source, rows, out):
+    def copy_then_stop(*args):
         os.kill(os.getpid(), signal.SIGSTOP)
 
-    _snapshot._copy_rows = copy_then_stop
+    _snapshot._copy_held = copy_then_stop
     ready.set()
     go.wait(60)
     client.checkpoint(path)

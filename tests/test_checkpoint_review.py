@@ -107,13 +107,13 @@ _SIGINT_DURING_HOLD = textwrap.dedent("""
     server = shmreplay.Server([shmreplay.Table.queue("q", 100)], name=name)
     client = shmreplay.Client(name)
     client.insert({"obs": np.zeros(4, np.float32)}, {"q": 1.0}, timeout=5)
-    copy_rows = _snapshot._copy_rows
+    copy_held = _snapshot._copy_held
 
-    def copy_rows_and_press_ctrl_c(source, rows, out):
+    def copy_held_and_press_ctrl_c(*args):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the table's lock is held
-        copy_rows(source, rows, out)
+        return copy_held(*args)
 
-    _snapshot._copy_rows = copy_rows_and_press_ctrl_c
+    _snapshot._copy_held = copy_held_and_press_ctrl_c
     try:
         client.checkpoint(path)
     except KeyboardInterrupt:

@@ -104,3 +104,11 @@ def clear():
     """Drops every pooled block (arrays made from them stay valid: they hold their block)."""
     with _lock:
         _blocks.clear()
+
+
+def take(column, rows):
+    """``column.take(rows, axis=0)``; a large result goes into pooled aligned memory."""
+    if rows.size * column.strides[0] < POOL_FROM:  # columns are C-contiguous
+        return column.take(rows, axis=0)
+    out = empty(rows.shape + column.shape[1:], column.dtype)
+    return np.take(column, rows, axis=0, out=out, mode="clip")

@@ -15,7 +15,6 @@ import numpy as np
 from shmreplay._shm import layout as L
 from shmreplay import errors
 from shmreplay._shm import lock_waits as _lock_waits
-from shmreplay._engine import outputs as _outputs
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._shm.procs import STAMP as _STAMP
@@ -147,28 +146,6 @@ class Sampling:
         except errors.LockTimeoutError:
             self._undrained.append((slots.copy(), versions.copy()))
 
-    def _gather(self, slots):
-        """Copies the items in ``slots`` out of shared memory, one array per column.
-
-        Large outputs go into recycled 64-byte aligned memory (``shmreplay._engine.outputs``):
-        no page faults, and TensorFlow and JAX take them without copying. (Indices are
-        valid slots and rows, so numpy's fastest mode, ``clip``, changes nothing.)
-        """
-        storage = self.storage
-        if not storage.steps:
-            size = slots.size
-            return [column.take(slots, axis=0) if size * column.strides[0] < _outputs.POOL_FROM
-                    else _take(column, slots) for column in self.columns]
-        refs = self.refs.take(slots, axis=0)
-        data = []
-        for column in storage.columns:
-            if column.squeeze:
-                rows = refs[:, column.offset]
-            else:
-                rows = refs[:, column.offset:column.offset + column.length]
-            data.append(_take(self.columns[column.store], rows))
-        return data
-
     def _draw_blocking(self, batch_size, out_i, out_f, out_gens, io, deadline, status):
         if status not in (codes.BLOCKED, codes.UNMAPPED, codes.LOCK_BUSY):
             self._raise_status(status)
@@ -240,11 +217,3 @@ class Sampling:
             for column, value in zip(data, values):
                 column[row] = value[0]
         return drained
-
-
-def _take(column, rows):
-    """``column.take(rows, axis=0)``; a large result goes into pooled aligned memory."""
-    if rows.size * column.strides[0] < _outputs.POOL_FROM:  # columns are C-contiguous
-        return column.take(rows, axis=0)
-    out = _outputs.empty(rows.shape + column.shape[1:], column.dtype)
-    return np.take(column, rows, axis=0, out=out, mode="clip")

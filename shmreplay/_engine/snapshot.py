@@ -96,7 +96,8 @@ def snapshot_table(engine) -> TableSnapshot:
                         # it unmapped had it mapped), or rows grew, since we looked.
                         count = None
                     else:
-                        counters = _copy_held(engine, out, storage, count, stored_rows)
+                        kind = engine.kind  # (the storage's, checked just above)
+                        counters = _copy_held(engine, out, kind, count, stored_rows)
                 finally:
                     kernels.release_hold(engine.ctrl)
                 held = time.perf_counter() - started
@@ -120,19 +121,13 @@ def snapshot_table(engine) -> TableSnapshot:
         # Read after the release: an entry is checked against the item's key, so a slot
         # reused meanwhile reads as the usual form, never as another item's.
         arrays["forms"] = _item_forms.forms_of(engine, arrays["key"])
-    if storage is not None and not storage.steps:
-        for index, copy in enumerate(out.stores):
-            arrays[f"store{index}"] = copy[:count]
-    elif storage is not None:
-        used, dense = np.unique(out.refs[:count], return_inverse=True)
-        arrays["refs"] = dense.reshape(out.refs[:count].shape).astype(np.int32)
-        for index, copy in enumerate(out.stores):
-            arrays[f"store{index}"] = copy[used]  # only the rows items reference, densely
+    if storage is not None:
+        arrays.update(kind.export(out, count))
     return TableSnapshot(engine.name, engine.config, storage, engine.capacity,
                          int(engine.ctrl[L.C_SLOT_BITS]), counters, arrays, held)
 
 
-def _copy_held(engine, out, storage, count, stored_rows):
+def _copy_held(engine, out, kind, count, stored_rows):
     """Copies the held table's items into ``out``; returns its counters."""
     slots = out.slots[:count]
     # A table filled in order holds its items in one run of slots: copy slices.
@@ -146,13 +141,8 @@ def _copy_held(engine, out, storage, count, stored_rows):
         out.episode[:count] = np.where(own, records[:, L.E_EPISODE], -1)
     else:
         out.episode[:count] = -1
-    if storage is not None and not storage.steps:
-        for column, copy in zip(engine.columns, out.stores):
-            _copy_rows(column, rows, copy[:count])
-    elif storage is not None:
-        _copy_rows(engine.refs, rows, out.refs[:count])
-        for store, copy in zip(engine.columns, out.stores):
-            copy[:stored_rows] = store[:stored_rows]
+    if kind is not None:
+        kind.copy_held(out, rows, count, stored_rows)
     return counters
 
 
@@ -240,10 +230,3 @@ def _touched(shape, dtype) -> np.ndarray:
     flat = array.reshape(-1).view(np.uint8)
     flat[::4096] = 0  # one write per page: the kernel maps it now
     return array
-
-
-def _copy_rows(source, rows, out):
-    if isinstance(rows, slice):
-        out[...] = source[rows]
-    else:
-        np.take(source, rows, axis=0, out=out, mode="clip")  # valid slots: clip is a no-op

@@ -19,11 +19,10 @@ import numpy as np
 
 from shmreplay._shm import layout as L
 from shmreplay import errors, specs
-from shmreplay._engine import batch_outputs as _batch_outputs
 from shmreplay._engine import data_segment as _data_segment
+from shmreplay._engine import kinds as _kinds
 from shmreplay._shm import lock_waits as _lock_waits
 from shmreplay._shm import segment as _segment
-from shmreplay._engine import staging as _staging
 from shmreplay._schema import storage as _storage
 from shmreplay._shm import sync as _sync
 from shmreplay._shm.kernels import codes
@@ -108,6 +107,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self._results = None     # reusable small-batch results (whole items only)
         self.whole_items = False  # True once mapped whole-item storage: the fused kernels
         self._stagings = None
+        self.kind = None  # the storage kind (``shmreplay._engine.kinds``), once mapped
         self.treedef = None
         self.paths = None
         self.signature = None
@@ -196,19 +196,12 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self._flat_keys = flat_access(self.treedef)
         # ``leaves -> nest`` (a plain function: reused results keep it, not the engine)
         self._unflatten = _unflattener(self._flat_keys, self.treedef)
-        if not storage.steps:
-            # Where the one-call kernels copy rows from and to: the segment's bytes, and
-            # each store's (start, row bytes) in them.
-            self._data_bytes = np.frombuffer(segment.buf, np.uint8)
-            stores = [(start, column[0].nbytes if len(column) else 0)
-                      for start, column in zip(plan.stores, self.columns)]
-            self.whole_items = True
-            self._results = _batch_outputs.ResultPool(self.column_specs, stores,
-                                                      self._unflatten)
-            # Staging rows for single inserts, one per thread inserting at once (None:
-            # items too large to copy under the lock).
-            self._stores = stores
-            self._stagings = [] if _staging.Staging.fits(self.column_specs) else None
+        # The storage kind maps its own part (for whole items, what the one-call kernels
+        # read); its calls are bound here once, so the hot paths pay no extra lookup.
+        self.kind = _kinds.mapped(self, segment, plan)
+        self.reserve_items = self.kind.reserve_items
+        self.write_items = self.kind.write_items
+        self._gather = self.kind.gather
 
     def has_columns(self) -> bool:
         """Maps the storage if some process has defined it; False if none has yet.
@@ -224,7 +217,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
 
     def stores_steps(self) -> bool:
         """Whether items reference shared step rows (a writer defined the storage)."""
-        return self.has_columns() and self.storage.steps
+        return self.has_columns() and self.kind.steps
 
     def known_layout(self):
         """``(treedef, column_specs, paths)`` of the items, from the storage or else the
@@ -331,7 +324,6 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.storage = self.signature = self.treedef = self.paths = None
         self.column_specs = self.forms = None
         self._flat_keys = UNSET
-        self.__dict__.pop("_split", None)
         self.layout_gen = generation
         self._table_offsets[kernels.TABLE_STAMP] = generation
         self.refs, self.rows = L.no_step_views(generation)
@@ -437,10 +429,9 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.has_columns()
         episodes = _table_info.count_episodes(self, c, deadline, timeout)
         info = _table_info.make_info(self.config, c, episodes)
-        if self.storage is not None:
-            stored = c[L.C_ROWS_LIVE] if self.storage.steps else c[L.C_SIZE] + c[L.C_PENDING]
+        if self.kind is not None:
             info = dataclasses.replace(
-                info, num_stored_steps=int(stored),
+                info, num_stored_steps=int(self.kind.stored(c)),
                 storage_bytes=_segment.resident_bytes(self.data_segment.name))
         return info
 
@@ -449,6 +440,9 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.columns = None
         self.whole_items = False
         self._results = self._data_bytes = self._stagings = None  # (data segment views)
+        self.kind = None
+        for bound in ("reserve_items", "write_items", "_gather"):  # (the kind's)
+            self.__dict__.pop(bound, None)
         if self.data_segment is not None:
             self.data_segment.close()
             self.data_segment = None

@@ -13,12 +13,9 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from shmreplay import errors
-from shmreplay._client import address as _address
-from shmreplay._client import connect as _connect
-from shmreplay._schema import inputs as _inputs
-from shmreplay._client import inserting as _inserting
-from shmreplay._schema import item_forms as _item_forms
-from shmreplay._client import calls as _client_calls
+from shmreplay._client import (address as _address, calls as _client_calls,
+                               connect as _connect, inserting as _inserting)
+from shmreplay._schema import inputs as _inputs, item_forms as _item_forms
 from shmreplay._client.calls import (after_layout_reset as _after_layout_reset,
                                      closed_aware as _closed_aware,
                                      retried_after_layout_reset as _retried_after_layout_reset)

@@ -1,10 +1,12 @@
 """Numba kernels. Arrays and scalars in, status codes out; no Python objects, no config.
 
-``sumtree`` and ``heap`` are pure array algorithms. ``table`` holds the entry points
+``sumtree`` and ``heap`` are pure array algorithms. ``table`` names the entry points
 that take a table's lock (see ``shmreplay._shm.sync`` for the protocol) and run one whole
-operation natively. Import these modules only where they are used: importing
-``shmreplay`` compiles nothing, and importing this package (or ``codes``) does not load
-numba. How kernels are compiled, cached and shared between processes is ``_jit``'s job.
+operation natively; they are defined by job in ``locking``, ``views``, ``inserting``,
+``sampling``, ``priorities`` and ``upkeep``. Import these modules only where they are
+used: importing ``shmreplay`` compiles nothing, and importing this package (or
+``codes``) does not load numba. How kernels are compiled, cached and shared between
+processes is ``_jit``'s job.
 """
 
 

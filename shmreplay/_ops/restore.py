@@ -135,23 +135,7 @@ def _restore_checked(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -
         count and kernels.ascending_run(slots)) else slots
     if storage is not None:
         engine._create_data_segment(storage)
-    if storage is not None and not storage.steps:
-        for index, column in enumerate(engine.columns):
-            column[rows] = saved.array(f"store{index}")
-    elif storage is not None:
-        stored = saved.array("store0").shape[0]
-        if stored > int(engine.ctrl[L.C_ROW_CAPACITY]):
-            raise ValueError(
-                f"Table '{engine.name}': the checkpoint's items reference {stored} distinct "
-                f"steps; a table of max_size {engine.config.max_size} stores at most "
-                f"{int(engine.ctrl[L.C_ROW_CAPACITY])}.")
-        refs = saved.array("refs")
-        if count and (refs.min() < 0 or refs.max() >= stored):
-            raise _damaged(saved, "references steps it does not hold")
-        for index, store in enumerate(engine.columns):
-            store[:stored] = saved.array(f"store{index}")
-        engine.refs[rows] = refs
-        engine.ctrl[L.C_ROW_FRESH] = stored
+        engine.kind.restore(saved, rows, count)
     for name, value in counters.items():
         engine.ctrl[getattr(L, name)] = value
     fresh = int(slots.max()) + 1 if count else 0

@@ -43,6 +43,16 @@ class StorageKind:
         """The snapshot's data arrays by name, from what ``copy_held`` copied."""
         raise NotImplementedError
 
+    def restore(self, saved, rows, count: int):
+        """Writes a checkpoint's data arrays (``saved.array(name)``, what ``export``
+        made) into a new table's data segment; ``rows`` are the ``count`` items' slots,
+        or a slice. Runs before the table is served.
+
+        Raises:
+          CheckpointError, ValueError: if the arrays do not fit this table.
+        """
+        raise NotImplementedError
+
 
 def copy_rows(source, rows, out):
     """``out[...] = source[rows]``; ``rows`` is a slice or valid indices."""

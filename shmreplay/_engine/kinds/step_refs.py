@@ -125,3 +125,20 @@ class StepRefs(StorageKind):
         for index, copy in enumerate(out.stores):
             arrays[f"store{index}"] = copy[used]  # only the rows items reference, densely
         return arrays
+
+    def restore(self, saved, rows, count: int):
+        engine = self.engine
+        stored = saved.array("store0").shape[0]
+        if stored > int(engine.ctrl[L.C_ROW_CAPACITY]):
+            raise ValueError(
+                f"Table '{engine.name}': the checkpoint's items reference {stored} distinct "
+                f"steps; a table of max_size {engine.config.max_size} stores at most "
+                f"{int(engine.ctrl[L.C_ROW_CAPACITY])}.")
+        refs = saved.array("refs")
+        if count and (refs.min() < 0 or refs.max() >= stored):
+            raise errors.CheckpointError(f"Checkpoint {saved.path}: table '{saved.name}' "
+                                         "references steps it does not hold.")
+        for index, store in enumerate(engine.columns):
+            store[:stored] = saved.array(f"store{index}")
+        engine.refs[rows] = refs
+        engine.ctrl[L.C_ROW_FRESH] = stored

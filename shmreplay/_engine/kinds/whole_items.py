@@ -51,3 +51,7 @@ class WholeItems(StorageKind):
 
     def export(self, out, count: int) -> dict:
         return {f"store{index}": copy[:count] for index, copy in enumerate(out.stores)}
+
+    def restore(self, saved, rows, count: int):
+        for index, column in enumerate(self.engine.columns):
+            column[rows] = saved.array(f"store{index}")

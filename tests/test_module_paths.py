@@ -6,6 +6,7 @@ manifest pickles the storage description as ``shmreplay._storage.Storage``.
 """
 
 import os
+import re
 import shutil
 
 import numpy as np
@@ -56,3 +57,50 @@ def test_the_public_modules_keep_their_paths():
     for name in ("client", "server", "table", "selectors", "rate_limiters", "specs", "errors",
                  "replay_sample", "writer", "trajectory_writer", "checkpointers", "cli"):
         assert importlib.import_module(f"shmreplay.{name}").__name__ == f"shmreplay.{name}"
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OLD_PATHS = {"shmreplay._storage"}  # named on purpose: checkpoints written before the folders
+PRIVATE_PATH = re.compile(r"shmreplay((?:\.\w+)+)")
+FROM_PACKAGE = re.compile(r"from shmreplay import (?:\(([^)]*)\)|([^(\n]+))")
+
+
+def _missing(dotted):
+    """The first part of ``shmreplay.<dotted>`` that names no module or package (None:
+    all do, as far as they are modules: what follows a module is an attribute)."""
+    path = os.path.join(ROOT, "shmreplay")
+    for part in dotted.strip(".").split("."):
+        if not os.path.isdir(path):
+            return None
+        inside = os.path.join(path, part)
+        if os.path.isdir(inside) or os.path.isfile(inside + ".py"):
+            path = inside
+        elif part.startswith("_") and not part.startswith("__"):
+            return part
+        else:
+            return None  # a public attribute (shmreplay.Client)
+    return None
+
+
+def test_every_private_module_named_in_the_code_exists():
+    """Also in strings (the scripts tests run in subprocesses) and docstrings: a moved
+    module still named by its old path would fail only where that line runs."""
+    stale = []
+    for top in ("shmreplay", "tests", "benchmarks", "examples"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(folder, name)
+                with open(path) as file:
+                    text = file.read()
+                for match in PRIVATE_PATH.finditer(text):
+                    named = "shmreplay" + match[1]
+                    if not any(named.startswith(old) for old in OLD_PATHS) and _missing(match[1]):
+                        stale.append(f"{path}: shmreplay{match[1]}")
+                for match in FROM_PACKAGE.finditer(text):
+                    for imported in (match[1] or match[2]).replace("\n", " ").split(","):
+                        module = imported.split(" as ")[0].strip()
+                        if module and _missing(module):
+                            stale.append(f"{path}: from shmreplay import {module}")
+    assert stale == []

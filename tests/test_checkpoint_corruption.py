@@ -153,31 +153,64 @@ def test_every_damaged_byte_and_truncation_is_refused_naming_the_part(buffer_nam
                        f"naming the part ({restored} restored); first ones: {wrong[:8]}")
 
 
-def _as_format_2(path):
-    """Rewrites a checkpoint as format 2 wrote it: no crc32 of the header or arrays."""
+def _as_format(path, version):
+    """Rewrites a checkpoint as format ``version`` wrote it: 2 has no checksums of the
+    header or arrays, 3 has crc32s of the arrays."""
     data = bytearray(open(path, "rb").read())
     header = np.frombuffer(bytes(data[:_checkpoint.FILE_HEADER.itemsize]),
                            _checkpoint.FILE_HEADER)[0].copy()
     offset, length = int(header["manifest_offset"]), int(header["manifest_len"])
     manifest = cloudpickle.loads(bytes(data[offset:offset + length]))
-    manifest["format"] = 2
+    manifest["format"] = version
     for table in manifest["tables"]:
-        del table["crc32"]
+        del table[_checkpoint.CHECKSUMS[_checkpoint.FORMAT_VERSION][0]]
+        if version == 3:
+            table["crc32"] = {
+                key: zlib.crc32(data[start:start + np.lib.format.descr_to_dtype(
+                    descr).itemsize * int(np.prod(shape))])
+                for key, (start, descr, shape) in table["arrays"].items()}
     blob = cloudpickle.dumps(manifest)
     data = data[:offset] + blob
-    header["version"] = 2
+    header["version"] = version
     header["manifest_len"] = len(blob)
     header["manifest_crc"] = zlib.crc32(blob)
     header["file_len"] = len(data)
     header["header_crc"] = 0
+    if version >= 3:
+        header["header_crc"] = zlib.crc32(header.tobytes()[:_checkpoint.FILE_HEADER.fields[
+            "header_crc"][1]])
     data[:_checkpoint.FILE_HEADER.itemsize] = header.tobytes()
     open(path, "wb").write(bytes(data))
+
+
+def test_a_format_3_checkpoint_restores_and_its_crc32s_still_refuse_damage(
+        buffer_name, tmp_path):
+    path = str(tmp_path / "crc32.shmreplay")
+    _write_checkpoint(buffer_name, path)
+    _as_format(path, 3)
+    saved = _checkpoint.load(path)
+    assert all(t.version == 3 and t.checksums for t in saved.tables)
+    with shmreplay.Server(name=_names.unique("crc"), checkpoint=path) as server:
+        with shmreplay.Client(server.name) as client:
+            assert client.server_info()["items"].current_size == 6
+    offset, _, _ = saved.table("items").layout["priority"]
+    with open(path, "r+b") as file:  # one bit of one priority
+        file.seek(offset)
+        byte = file.read(1)[0]
+        file.seek(offset)
+        file.write(bytes([byte ^ 4]))
+    try:
+        shmreplay.Server(name=_names.unique("crc"), checkpoint=path).stop()
+    except errors.CheckpointError as exc:
+        assert "'priority' is damaged: its crc32" in str(exc)
+    else:
+        raise AssertionError("a damaged format 3 checkpoint restored")
 
 
 def test_a_format_2_checkpoint_still_restores_without_checksums(buffer_name, tmp_path):
     path = str(tmp_path / "old.shmreplay")
     _write_checkpoint(buffer_name, path)
-    _as_format_2(path)
+    _as_format(path, 2)
     saved = _checkpoint.load(path)
     assert all(t.checksums is None for t in saved.tables)
     with shmreplay.Server(name=_names.unique("old"), checkpoint=path) as server:

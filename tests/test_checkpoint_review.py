@@ -259,7 +259,7 @@ def test_keys_of_a_run_never_name_items_after_a_restore_with_another_max_size(
 
 
 def _rewrite(path, edit_manifest=None, edit_file=None):
-    """Rewrites a checkpoint with an edited manifest and/or edited bytes, every crc32
+    """Rewrites a checkpoint with an edited manifest and/or edited bytes, every checksum
     and length recomputed: a forged file that the checksums cannot catch, whose values
     the restore must still check."""
     data = bytearray(open(path, "rb").read())
@@ -275,7 +275,9 @@ def _rewrite(path, edit_manifest=None, edit_file=None):
         for key, (start, descr, shape) in table["arrays"].items():
             nbytes = np.lib.format.descr_to_dtype(descr).itemsize * int(np.prod(shape))
             if 0 <= start and 0 <= nbytes and start + nbytes <= offset:
-                table["crc32"][key] = zlib.crc32(data[start:start + nbytes])
+                table[_checkpoint.CHECKSUMS[_checkpoint.FORMAT_VERSION][0]][key] = (
+                    _checkpoint.checksum_of(np.frombuffer(
+                        bytes(data[start:start + nbytes]), np.uint8), _checkpoint.FORMAT_VERSION))
     blob = cloudpickle.dumps(manifest)
     data = data[:offset] + blob
     header["manifest_len"] = len(blob)

@@ -1,8 +1,11 @@
-"""Checks of a checkpoint's manifest and layout against what ``save`` writes.
+"""Checks of a checkpoint: its manifest and layout against what ``save`` writes, and
+the checksums of its arrays.
 
 ``shmreplay._ops.checkpoint.load`` runs them once the manifest's crc32 held; the arrays'
-own bytes are checked by their crc32s and by ``shmreplay._ops.restore``.
+own bytes are checked by their checksums and by ``shmreplay._ops.restore``.
 """
+
+import zlib
 
 import numpy as np
 
@@ -11,6 +14,52 @@ from shmreplay import errors
 from shmreplay._engine.snapshot import COUNTERS, ITEM_FIELDS
 
 FILE_HEADER_SIZE = 64  # (``_checkpoint.FILE_HEADER_SIZE``: the arrays start after it)
+# Per format: the manifest's key for the arrays' checksums, and the bound of a value.
+CHECKSUMS = {3: ("crc32", 1 << 32), 4: ("checksum64", 1 << 63)}
+# ``checksum64`` sums an array in pieces of this many bytes (a quarter of this machine's
+# L2 cache: a piece just read is summed before it leaves the cache). Part of format 4.
+CHECKSUM_PIECE = 256 << 10
+_START = 0x243F6A8885A308D3  # the running sum of no bytes
+
+
+class Checksum:
+    """The running checksum of an array that format ``version`` records: ``add`` its
+    bytes in order (whole ``CHECKSUM_PIECE``s but for the last call), then ``value``."""
+
+    def __init__(self, version: int):
+        self.version = version
+        self.size = 0
+        if version == 3:
+            self.state = 0
+        else:
+            from shmreplay._shm.kernels import checksum
+            self._kernels = checksum
+            self.state = np.array([_START], np.uint64)
+
+    def add(self, data: np.ndarray):
+        """Adds ``data``'s bytes (a contiguous uint8 array; both kinds run without
+        the GIL)."""
+        if self.version == 3:
+            self.state = zlib.crc32(data, self.state)
+            self.size += data.shape[0]
+            return
+        if data.flags.writeable:  # one compiled version: numba types read-only arrays
+            data = data.view()    # (a file's mapping) apart from writable ones
+            data.flags.writeable = False
+        self._kernels.add_pieces(data, CHECKSUM_PIECE, self.state)
+        self.size += data.shape[0]
+
+    def value(self) -> int:
+        if self.version == 3:
+            return self.state
+        return int(self._kernels.finish(self.state, self.size))
+
+
+def checksum_of(array: np.ndarray, version: int) -> int:
+    """The checksum that format ``version`` records for ``array``'s bytes in C order."""
+    summing = Checksum(version)
+    summing.add(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return summing.value()
 
 
 def check_table(path: str, size: int, table, version: int):
@@ -79,9 +128,11 @@ def check_table(path: str, size: int, table, version: int):
         nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
         if offset < FILE_HEADER_SIZE or offset + nbytes > size:
             raise corrupt(f"array {key} lies outside the file")
+    checksum_limit = CHECKSUMS.get(version, (None, 0))[1]
     if table.checksums is not None and (set(table.checksums) != set(table.layout) or not all(
-            type(crc) is int and 0 <= crc < 1 << 32 for crc in table.checksums.values())):
-        raise corrupt("has no valid crc32 for each of its arrays")
+            type(value) is int and 0 <= value < checksum_limit
+            for value in table.checksums.values())):
+        raise corrupt("has no valid checksum for each of its arrays")
 
 
 def check_padding(path: str, mapped, tables: list, manifest_offset: int):

@@ -2,7 +2,7 @@
 
 Tables are matched by name (``tables_to_serve``); each one gets its items, their keys
 and counters (``restore_table``). Every value read from the file is checked before it
-reaches a kernel, and every array's crc32 (format 3 on) before the table is served.
+reaches a kernel, and every array's checksum (format 3 on) before the table is served.
 """
 
 import warnings
@@ -71,7 +71,8 @@ def _signature_key(signature):
 
 def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> int:
     """Fills a new, empty table from a checkpoint (see ``_restore_checked``); every
-    array's crc32 is checked meanwhile, in a second thread, and before this returns.
+    array's checksum is checked before this returns: the data columns' as they are
+    read, the others' in a second thread meanwhile.
 
     Raises:
       CheckpointError: naming the array, if one is damaged.
@@ -83,7 +84,7 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
 def _restore_checked(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> int:
     """Fills a new, empty table (not yet visible to other processes) from a checkpoint.
 
-    The table is not visible to other processes yet: values that only the crc32s can
+    The table is not visible to other processes yet: values that only the checksums can
     show to be damaged may reach its memory, as the restore fails before it is served.
     Values a kernel relies on are checked here first.
 
@@ -173,7 +174,7 @@ def _damaged(saved: TableCheckpoint, problem: str) -> errors.CheckpointError:
 
 def _checked_items(saved: TableCheckpoint) -> Dict[str, np.ndarray]:
     """The items' fields, read into memory and checked against each other and the
-    counters: the kernels trust what they get, the crc32s are checked only at the end
+    counters: the kernels trust what they get, the checksums are checked only at the end
     (and format 1 and 2 files have none)."""
     fields = {name: np.array(saved.array(name)) for name in (*ITEM_FIELDS, "priority")}
     keys, orders = fields["key"], fields["order"]

@@ -128,7 +128,7 @@ class StepRefs(StorageKind):
 
     def restore(self, saved, rows, count: int):
         engine = self.engine
-        stored = saved.array("store0").shape[0]
+        stored = saved.layout["store0"][2][0]  # (not read: ``read_into`` reads it)
         if stored > int(engine.ctrl[L.C_ROW_CAPACITY]):
             raise ValueError(
                 f"Table '{engine.name}': the checkpoint's items reference {stored} distinct "
@@ -139,6 +139,6 @@ class StepRefs(StorageKind):
             raise errors.CheckpointError(f"Checkpoint {saved.path}: table '{saved.name}' "
                                          "references steps it does not hold.")
         for index, store in enumerate(engine.columns):
-            store[:stored] = saved.array(f"store{index}")
+            saved.read_into(f"store{index}", store[:stored])
         engine.refs[rows] = refs
         engine.ctrl[L.C_ROW_FRESH] = stored

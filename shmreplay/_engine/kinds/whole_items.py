@@ -54,4 +54,7 @@ class WholeItems(StorageKind):
 
     def restore(self, saved, rows, count: int):
         for index, column in enumerate(self.engine.columns):
-            column[rows] = saved.array(f"store{index}")
+            if isinstance(rows, slice):  # (one run of slots: read straight into it)
+                saved.read_into(f"store{index}", column[rows])
+            else:
+                column[rows] = saved.array(f"store{index}")

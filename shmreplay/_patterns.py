@@ -193,7 +193,7 @@ class Patterns:
             if first < 0:
                 return None
             cells = [column[i] for i in positions]
-            if None in cells:
+            if any(cell is None for cell in cells):
                 return None
             leaves.append((cells, not has_start))
             if td is not None and td.flat_source_index == node.flat_source_index:

@@ -23,22 +23,35 @@ to a ``tf.data`` dataset of steps.
 
 import copy
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NewType, Optional, Sequence
 
 import numpy as np
 import optree
 
 from shmreplay import _pattern_config, specs
 from shmreplay._pattern_config import PatternNode, Priority, StructuredWriterConfig
-from shmreplay._structured_writing import StructuredWriter
 
 Config = StructuredWriterConfig
 ConditionProto = _pattern_config.Condition
+# Reverb's type names (annotations in its users' code, e.g. Acme's).
+Pattern = Any  # a nest of PatternNode
+ReferenceStep = NewType("ReferenceStep", Any)
+PatternTransform = Callable[[ReferenceStep], Pattern]
 
-__all__ = ["Condition", "ConditionProto", "Config", "PatternNode", "Priority",
+__all__ = ["Condition", "ConditionProto", "Config", "Pattern", "PatternNode",
+           "PatternTransform", "Priority", "ReferenceStep",
            "StructuredWriter", "constant_priority_fn", "create_config",
            "create_reference_step", "infer_signature", "pattern_from_transform", "td_error",
            "unpack_pattern"]
+
+
+def __getattr__(name):
+    # The writer's module loads the engine (numba); building configs, and PatternDataset,
+    # need none of it.
+    if name == "StructuredWriter":
+        from shmreplay._structured_writing import StructuredWriter
+        return StructuredWriter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _flatten(nest):
@@ -124,9 +137,11 @@ def create_config(pattern, table: str, conditions: Sequence[ConditionProto] = ()
                 f"create_config: every leaf of the pattern must be a PatternNode (index a "
                 f"reference step: ref['obs'][-2:]), got {type(leaf).__name__}: {leaf!r}.")
     structure = optree.tree_unflatten(treedef, [None] * len(leaves))
-    return Config(flat=[copy.deepcopy(leaf) for leaf in leaves], pattern_structure=structure,
-                  table=table, priority=priority or constant_priority_fn(1.0),
-                  conditions=[copy.deepcopy(c) for c in conditions])
+    config = Config(flat=[copy.deepcopy(leaf) for leaf in leaves], table=table,
+                    priority=priority or constant_priority_fn(1.0),
+                    conditions=[copy.deepcopy(c) for c in conditions])
+    config.pattern_structure = structure  # (None too: a single leaf, not a flat list)
+    return config
 
 
 def unpack_pattern(config: Config):

@@ -39,7 +39,9 @@ class PatternDataset(tf.data.Dataset):
 
     def __init__(self, input_dataset: tf.data.Dataset, configs, respect_episode_boundaries: bool,
                  is_end_of_episode):
-        signature = infer_signature(configs, input_dataset.element_spec)
+        # (unnamed, as Reverb's element_spec is)
+        signature = optree.tree_map(lambda spec: tf.TensorSpec(spec.shape, spec.dtype),
+                                    infer_signature(configs, input_dataset.element_spec))
         prepared = _pattern_config.prepared(configs)
         is_end = _end_of_episode_function(is_end_of_episode, input_dataset.element_spec)
         structure = optree.tree_structure(_pattern_config.unpack(prepared[0]), none_is_leaf=True)

@@ -595,3 +595,15 @@ def test_spawned_writer_attaching_by_name_feeds_a_learner(buffer_name):
             np.testing.assert_array_equal(pairs["next_obs"][:, 0], pairs["obs"][:, 0])
         finally:
             client.close()
+
+
+def test_building_configs_loads_no_engine():
+    """Configs are built on learners too (PatternDataset): no numba, no TensorFlow."""
+    import subprocess
+    import sys
+    code = ("import sys; from shmreplay import structured_writer as sw; "
+            "sw.create_config(sw.create_reference_step(None)[-2:], 't'); "
+            "print(sorted({'numba', 'tensorflow'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"

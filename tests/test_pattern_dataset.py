@@ -13,7 +13,6 @@ from shmreplay import structured_writer as sw
 from shmreplay import tf as shmreplay_tf
 from shmreplay.replay_sample import SampleInfo
 
-import _names
 
 Condition = sw.Condition
 

@@ -33,10 +33,33 @@ _TD_DTYPES = (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.int32),
 
 
 class _State:
-    __slots__ = ("config", "steps_since_applied", "last_applied", "last_checked")
+    """A config, read once into plain tuples (``append`` runs at every step), and when
+    it last applied."""
+
+    __slots__ = ("config", "nodes", "conditions", "td", "constant", "steps_since_applied",
+                 "last_applied", "last_checked")
 
     def __init__(self, config):
         self.config = config
+        # Per pattern leaf: (column, first, stop, stride, squeeze), first and stop counted
+        # from the end of the column's buffer.
+        self.nodes = []
+        for node in config.flat:
+            if node.HasField("start"):
+                self.nodes.append((node.flat_source_index, node.start, node.stop,
+                                   node.step or 1, False))
+            else:  # x[-2]: one step, no time dimension
+                self.nodes.append((node.flat_source_index, node.stop, node.stop + 1, 1, True))
+        self.conditions = [
+            (c.WhichOneof("left"), c.flat_source_index, c.WhichOneof("cmp"),
+             c.mod_eq.mod if c.WhichOneof("cmp") == "mod_eq" else getattr(c, c.WhichOneof("cmp")),
+             c.mod_eq.eq, c.inverse)
+            for c in config.conditions]
+        priority = config.priority
+        self.td = None
+        if priority.WhichOneof("priority_fn") == "td_error":
+            self.td = (priority.td_error.flat_source_index, priority.td_error.max_priority_weight)
+        self.constant = priority.constant_fn.value
         self.steps_since_applied = 0
         self.last_applied = None    # (episode, step) it last applied at
         self.last_checked = None    # (episode, step) it was last checked at
@@ -131,7 +154,8 @@ class Patterns:
         return made
 
     def _apply(self, is_end_of_episode: bool):
-        if not any(column and column[-1] is not None for column in self._columns):
+        columns = self._columns
+        if not any(column and column[-1] is not None for column in columns):
             return []
         current = self._newest
         made = []
@@ -141,20 +165,19 @@ class Patterns:
             if state.last_checked != current:
                 state.steps_since_applied += 1
                 state.last_checked = current
-            config = state.config
-            if not all(self._holds(c, current, state, is_end_of_episode)
-                       for c in config.conditions):
+            if not all(self._holds(condition, current, state, is_end_of_episode)
+                       for condition in state.conditions):
                 continue
-            trajectory = self._trajectory(config)
+            trajectory = self._trajectory(state)
             if trajectory is None:
                 continue
-            made.append((config, trajectory[0], trajectory[1]))
+            made.append((state.config, trajectory[0], trajectory[1]))
             state.last_applied = current
             state.steps_since_applied = 0
         return made
 
     def _holds(self, condition, current, state, is_end_of_episode) -> bool:
-        left = condition.WhichOneof("left")
+        left, index, cmp, operand, mod_eq, inverse = condition
         if left == "step_index":
             value = current[1]
         elif left == "steps_since_applied":
@@ -164,44 +187,40 @@ class Patterns:
         elif left == "is_end_episode":
             value = int(is_end_of_episode)
         else:
-            column = self._columns[condition.flat_source_index]
+            column = self._columns[index]
             if not column or column[-1] is None:
                 return False  # not given (yet) in this step
             value = int(self._value_of(column[-1]).reshape(-1)[0])
-        cmp = condition.WhichOneof("cmp")
         if cmp == "eq":
-            result = value == condition.eq
+            result = value == operand
         elif cmp == "ge":
-            result = value >= condition.ge
+            result = value >= operand
         else:
-            result = value % condition.mod_eq.mod == condition.mod_eq.eq
-        return result != condition.inverse
+            result = value % operand == mod_eq
+        return result != inverse
 
-    def _trajectory(self, config):
+    def _trajectory(self, state):
         """``([(cells, squeeze) per pattern leaf], priority)``, or None if a cell the
         pattern takes is missing."""
         leaves = []
-        priority = None
-        td = config.priority.td_error if config.priority.WhichOneof("priority_fn") == "td_error" \
-            else None
-        for node in config.flat:
-            column = self._columns[node.flat_source_index]
-            has_start = node.HasField("start")
-            first = len(column) + (node.start if has_start else node.stop)
-            stop = len(column) + node.stop if has_start else first + 1
-            positions = range(first, stop, node.step or 1)
-            if first < 0:
+        td = state.td
+        priority = state.constant if td is None else 0.0  # (Reverb's 0: no leaf reads it)
+        columns = self._columns
+        for index, first, stop, stride, squeeze in state.nodes:
+            column = columns[index]
+            length = len(column)
+            if length + first < 0:
                 return None
-            cells = [column[i] for i in positions]
-            if any(cell is None for cell in cells):
-                return None
-            leaves.append((cells, not has_start))
-            if td is not None and td.flat_source_index == node.flat_source_index:
-                priority = self._td_error(cells, td.max_priority_weight)
-        if td is None:
-            priority = config.priority.constant_fn.value
-        elif priority is None:
-            priority = 0.0  # (Reverb's: no leaf reads the TD error's column)
+            if squeeze:
+                cells = [column[first]]
+            else:
+                cells = [column[i] for i in range(length + first, length + stop, stride)]
+            for cell in cells:
+                if cell is None:
+                    return None
+            leaves.append((cells, squeeze))
+            if td is not None and td[0] == index:
+                priority = self._td_error(cells, td[1])
         return leaves, priority
 
     def _td_error(self, cells, weight: float) -> float:

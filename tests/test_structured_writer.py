@@ -209,15 +209,35 @@ def test_end_episode_clears_buffers_and_restarts_step_index():
     with serve() as client:
         writer = client.structured_writer(configs)
         for episode in range(2):
-            for t in range(3):
+            for t in range(4):
                 writer.append(10 * episode + t)
             writer.end_episode()
         # No pair spans the boundary; step 0 of each episode is step_index 0; and, as in
-        # Reverb, steps_since_applied keeps counting across episodes.
-        assert [list(x[0]) for x in content(client, TABLES[0])] == [[0, 1], [1, 2], [10, 11],
-                                                                   [11, 12]]
+        # Reverb, steps_since_applied keeps counting across episodes, once per step (the
+        # end_episode check is no new step).
+        assert [list(x[0]) for x in content(client, TABLES[0])] == [
+            [0, 1], [1, 2], [2, 3], [10, 11], [11, 12], [12, 13]]
         assert content(client, TABLES[1]) == [[0], [10]]
-        assert content(client, TABLES[2]) == [[2], [12]]
+        assert content(client, TABLES[2]) == [[2], [11]]
+
+
+def test_buffer_length_counts_at_most_the_longest_reach():
+    """As in Reverb, the buffers keep only the steps some config can read: a condition
+    asking for more never holds unless another config reaches that far."""
+    ref = sw.create_reference_step(None)
+    wants_3 = [sw.ConditionProto(buffer_length=True, ge=3)]
+    with serve() as client:
+        writer = client.structured_writer([sw.create_config(ref[-2:], TABLES[0], wants_3)])
+        for t in range(5):
+            writer.append(t)
+        writer.end_episode()
+        assert content(client, TABLES[0]) == []
+        writer = client.structured_writer([sw.create_config(ref[-2:], TABLES[0], wants_3),
+                                           sw.create_config(ref[-3:], TABLES[1])])
+        for t in range(5):
+            writer.append(t)
+        writer.end_episode()
+        assert [list(x[0]) for x in content(client, TABLES[0])] == [[1, 2], [2, 3], [3, 4]]
 
 
 def test_clear_buffers_false_refuses_an_item_across_episodes():

@@ -39,8 +39,10 @@ _LAZY = {
     "TrajectoryWriter": "shmreplay.trajectory_writer",
     "Writer": "shmreplay.writer",
     "checkpointers": None,
+    "structured_writer": None,
     "warm_up": "shmreplay._ops.warmup",
     "TFClient": "shmreplay.tf",
+    "PatternDataset": "shmreplay.tf",
     "TimestepDataset": "shmreplay.tf",
     "TrajectoryDataset": "shmreplay.tf",
 }

@@ -269,6 +269,12 @@ class Client:
                         else max(0.0, get_signature_timeout_ms / 1000))
         return TrajectoryWriter(self, num_keep_alive_refs, validate_items)
 
+    def structured_writer(self, configs):
+        """A ``StructuredWriter`` that inserts the items ``configs`` make (Reverb's; see
+        ``shmreplay.structured_writer``). Raises ValueError for no or invalid configs."""
+        from shmreplay._writers.structured import StructuredWriter
+        return StructuredWriter(self, configs)
+
     def _check_open(self):
         self._connected()  # a writer needs the buffer (waits for a lazy Client's)
 

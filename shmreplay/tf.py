@@ -28,8 +28,9 @@ iterator stops it.
 
 from shmreplay._tf_batches import ReplayBuffer, make_dataset
 from shmreplay._tf_client import TFClient
+from shmreplay._tf_patterns import PatternDataset, pattern_dataset_with_info
 from shmreplay._tf_common import table_signature
 from shmreplay._tf_items import ReplayDataset, TimestepDataset, TrajectoryDataset
 
-__all__ = ["ReplayBuffer", "ReplayDataset", "TFClient", "TimestepDataset", "TrajectoryDataset",
-           "make_dataset", "table_signature"]
+__all__ = ["PatternDataset", "ReplayBuffer", "ReplayDataset", "TFClient", "TimestepDataset",
+           "TrajectoryDataset", "make_dataset", "pattern_dataset_with_info", "table_signature"]

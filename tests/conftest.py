@@ -55,7 +55,8 @@ def compiled_kernels():
 
 # JAX and TensorFlow start threads once used; a process with such threads must not
 # fork (the fork tests of test_lifecycle do), so the tests that use them run last.
-_LAST = ("test_jax.py", "test_reverb_clients.py", "test_tf_datasets.py")
+_LAST = ("test_jax.py", "test_reverb_clients.py", "test_tf_datasets.py",
+         "test_pattern_dataset.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -11,9 +11,10 @@ import sys
 
 from reverb import _ports  # noqa: F401  (installs the address mapping first)
 from reverb import (client, errors, item_selectors, rate_limiters, replay_sample, server,
-                    trajectory_writer)
+                    structured_writer, trajectory_writer)
 
 selectors = item_selectors
+structured = structured_writer
 from reverb.client import Client, Writer  # noqa: E402
 from reverb.errors import DeadlineExceededError, ReverbError  # noqa: E402
 from reverb.replay_sample import ReplaySample, SampleInfo  # noqa: E402
@@ -25,7 +26,7 @@ from shmreplay import checkpointers  # noqa: E402
 
 # TensorFlow-backed names load shmreplay.tf on first use, as shmreplay does.
 _TF = {"TimestepDataset": "timestep_dataset", "TrajectoryDataset": "trajectory_dataset",
-       "TFClient": "tf_client"}
+       "TFClient": "tf_client", "PatternDataset": "pattern_dataset"}
 
 
 def __getattr__(name):
@@ -41,5 +42,5 @@ __all__ = [
     "Client", "DeadlineExceededError", "ReplaySample", "ReverbError", "SampleInfo", "Server",
     "Table", "TrajectoryColumn", "TrajectoryWriter", "Writer", "checkpointers", "client",
     "errors", "item_selectors", "rate_limiters", "replay_sample", "selectors", "server",
-    "shmreplay", "trajectory_writer", "_ports",
+    "shmreplay", "structured", "structured_writer", "trajectory_writer", "_ports",
 ]

@@ -61,7 +61,10 @@ def bench_shmreplay(shmreplay, name, data, prioritized, directory, repeats=1):
     """Saves and restores ``repeats`` times (the medians; the first call of a process
     also pays for loading kernels and warming caches)."""
     from shmreplay import rate_limiters, selectors
-    from shmreplay._ops import checkpoint as _checkpoint
+    try:
+        from shmreplay._ops import checkpoint as _checkpoint
+    except ImportError:  # a checkout from before the folders (an A/B's other side)
+        from shmreplay import _checkpoint
     n = len(next(iter(data.values())))
     sampler = selectors.Prioritized(0.6) if prioritized else selectors.Uniform()
     table = shmreplay.Table("t", sampler, selectors.Fifo(), n, rate_limiters.MinSize(1))

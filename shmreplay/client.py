@@ -5,7 +5,6 @@ results. No offsets, no locks, no numba here.
 """
 
 import numbers
-import os
 import threading
 import time
 from typing import Dict, Iterator, List, Optional
@@ -472,26 +471,9 @@ class Client:
           BufferBrokenError: if the buffer was stopped.
           OSError: if the file cannot be written (nothing is left behind).
         """
-        from shmreplay import checkpointers
         from shmreplay._ops import checkpoint as _checkpoint
         buffer = self._connected()
-        keep_latest_only = path is None  # a checkpointer's directory; not the user's own
-        if path is None:
-            root = buffer.checkpoint_root
-            if root is None:
-                root = checkpointers.private_temporary_directory(self._name)
-            os.makedirs(root, exist_ok=True)
-            path = root
-        if os.path.isdir(path) or path.endswith(os.sep):  # "dir/": a directory, made if new
-            os.makedirs(path, exist_ok=True)
-            checkpointer = checkpointers.DefaultCheckpointer(path)
-            path = checkpointer.new_checkpoint_path()
-        else:
-            checkpointer = None
-        summary = _checkpoint.save(buffer.engines, path, self._name, progress)
-        if keep_latest_only:
-            checkpointer.remove_older_than(summary.path)
-        return summary.path
+        return _checkpoint.save_for_client(buffer, self._name, path, progress)
 
     @_closed_aware
     def server_info(self, timeout: Optional[float] = None):

@@ -1,10 +1,11 @@
-"""Checks of a checkpoint: its manifest and layout against what ``save`` writes, and
-the checksums of its arrays.
+"""A checkpoint file's format: its constants, the checksums of its arrays, and the checks
+of its manifest and layout against what ``save`` writes.
 
 ``shmreplay._ops.checkpoint.load`` runs them once the manifest's crc32 held; the arrays'
 own bytes are checked by their checksums and by ``shmreplay._ops.restore``.
 """
 
+import concurrent.futures
 import zlib
 
 import numpy as np
@@ -13,6 +14,24 @@ from shmreplay._shm import layout as L
 from shmreplay import errors
 from shmreplay._engine.snapshot import COUNTERS, ITEM_FIELDS
 
+MAGIC = b"SHMRCKPT"
+# 2: each item's episode (format 1 files restore, each item its own).
+# 3: a crc32 of the header and of every array (format 1 and 2 files restore, their
+#    arrays unchecksummed: their values are still checked, see ``_ops.restore``).
+# 4: the arrays' checksums are ``checksum64`` (crc32 cost a fifth of a restore).
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+CHECKSUMMED_FROM = 3
+FILE_HEADER = np.dtype([
+    ("magic", "S8"),
+    ("version", "<u4"),
+    ("manifest_crc", "<u4"),
+    ("manifest_offset", "<i8"),
+    ("manifest_len", "<i8"),
+    ("file_len", "<i8"),
+    ("header_crc", "<u4"),  # of the bytes before it (format 3 on)
+])
+CHECKPOINTS_HEADER_COVERS = FILE_HEADER.fields["header_crc"][1]
 FILE_HEADER_SIZE = 64  # (``_checkpoint.FILE_HEADER_SIZE``: the arrays start after it)
 # Per format: the manifest's key for the arrays' checksums, and the bound of a value.
 CHECKSUMS = {3: ("crc32", 1 << 32), 4: ("checksum64", 1 << 63)}
@@ -161,3 +180,12 @@ def check_padding(path: str, mapped, tables: list, manifest_offset: int):
                 f"Checkpoint {path}: its padding at bytes {covered}..{offset - 1} (before "
                 f"{name}) is not zero: the file is damaged. Restore another checkpoint.")
         covered = offset + nbytes
+
+
+def checksummer(version: int):
+    """The one thread that computes checksums of format ``version`` while the caller
+    writes or copies. Their kernels are loaded (or compiled) first, in the caller's
+    thread: the thread would wait for the machine's compile lock, which the caller may
+    hold (the warm-up does) while it waits for the thread."""
+    checksum_of(np.empty(0, np.uint8), version)
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shmreplay-checksum")

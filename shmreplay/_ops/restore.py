@@ -13,7 +13,7 @@ import numpy as np
 from shmreplay._shm import layout as L
 from shmreplay import errors, specs
 from shmreplay._schema import item_forms as _item_forms
-from shmreplay._ops.checkpoint import Checkpoint, TableCheckpoint
+from shmreplay._ops.checkpoint_read import Checkpoint, TableCheckpoint
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._engine.snapshot import ITEM_FIELDS
 

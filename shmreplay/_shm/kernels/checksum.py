@@ -8,7 +8,7 @@ so the CPU runs the lanes in parallel and no step waits on a table lookup.
 
 It detects what a damaged file shows (flipped bits, zeroed or repeated ranges, words
 moved or swapped), not a forger: anyone who can edit the file can recompute it. The
-checks of ``shmreplay._restore`` stand behind it for values a forger could choose.
+checks of ``shmreplay._ops.restore`` stand behind it for values a forger could choose.
 """
 
 import numpy as np

@@ -125,7 +125,7 @@ def _parallel_chunks(workers):
             try:
                 index, chunk, exc = results.get(timeout=_batches.SLICE)
             except queue.Empty:
-                yield None  # nothing yet: return to tf.data (see _chunk_dataset)
+                yield None  # nothing yet: return to tf.data (see _item_dataset)
                 continue
             if exc is not None:
                 raise exc
@@ -138,15 +138,15 @@ def _parallel_chunks(workers):
         stop.set()  # a dropped iterator ends the workers within a slice
 
 
-def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_worker,
-                   num_workers_per_iterator, rate_limiter_timeout_ms, max_samples,
-                   timesteps=False):
-    """A dataset of chunks: ``ReplaySample`` s with a leading dimension (<= the chunk size)
-    and ``data_spec`` after it; with ``timesteps``, sequence items are cut into their
-    timesteps (the info repeated on each).
+def _item_dataset(server_address, table, data_spec, max_in_flight_samples_per_worker,
+                  num_workers_per_iterator, rate_limiter_timeout_ms, max_samples,
+                  timesteps=False):
+    """A dataset of items (``ReplaySample`` s of ``data_spec``), sampled in chunks of up
+    to ``max_in_flight_samples_per_worker``; with ``timesteps``, sequence items are cut
+    into their timesteps (the info repeated on each).
 
-    While no item comes, a call returns an empty chunk every ``SLICE`` (unbatch turns it
-    into nothing) instead of waiting on: a call that waits holds a tf.data thread that
+    While no item comes, a call returns an empty chunk every ``SLICE`` (which gives no
+    element) instead of waiting on: a call that waits holds a tf.data thread that
     nothing can interrupt. Three interleaved datasets draining a table whose items
     expire (TF-Agents' ``test_prioritized_table_max_sample``) hung that way: the drained
     datasets waited forever inside their calls, and the iterator's destructor (or the
@@ -167,20 +167,24 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
                        rate_limiter_timeout_ms, budget, views)
 
     if workers == 1:
-        return _mapped_chunks(worker(0), chunk_spec)
+        return _mapped_items(worker(0), chunk_spec)
     return _generated_chunks([w for w in map(worker, range(workers)) if w.max_samples != 0],
-                             chunk_spec)
+                             chunk_spec).unbatch()
 
 
-def _mapped_chunks(worker, chunk_spec):
-    """One worker's chunks as ``range`` mapped through ``tf.numpy_function``: no Python
-    generator, whose per-iterator machinery (``from_generator``) cost about 3.5 ms to
-    make an iterator and 6-9 ms more to its first element, 3x Reverb's.
+def _mapped_items(worker, chunk_spec):
+    """One worker's items: ``range`` flat-mapped through a ``tf.numpy_function`` that
+    samples a chunk, sliced by ``from_tensor_slices``. No Python generator, whose per-
+    iterator machinery (``from_generator``) cost about 3.5 ms to make an iterator and
+    6-9 ms more to its first element, 3x Reverb's.
 
-    Without a timeout or ``max_samples`` a call needs nothing from the one before.
-    Otherwise a ``scan`` carries the items left and when the last item came from call
-    to call (per iterator: each iterator samples on its own), and ``take_while`` ends
-    the dataset; each of those functions costs the iterator about 2 ms more to make.
+    Making an iterator instantiates each dataset function afresh, and Grappler's work
+    on one grows with its outputs (about 0.3 ms each here): one ``flat_map`` whose
+    function returns a single dataset costs least. (``map`` + ``unbatch`` returned the
+    10 tensors, and ``unbatch`` adds a ``map`` of its own.) Without a timeout or
+    ``max_samples`` a call needs nothing from the one before. Otherwise a ``scan``
+    carries the items left and when the last item came from call to call (per
+    iterator: each samples on its own), and ``take_while`` ends the dataset.
     """
     flat_spec = tf.nest.flatten(chunk_spec)
     out_types = [tf.bool, tf.int64, tf.float64] + [s.dtype for s in flat_spec]
@@ -207,17 +211,18 @@ def _mapped_chunks(worker, chunk_spec):
             tensor.set_shape(spec.shape)
         return out[0], (out[1], out[2]), tf.nest.pack_sequence_as(chunk_spec, out[3:])
 
-    start = (tf.constant(worker.max_samples, tf.int64), tf.constant(-1.0, tf.float64))
+    slices = tf.data.Dataset.from_tensor_slices
     indices = tf.data.Dataset.range(np.iinfo(np.int64).max)
     if worker.timeout is None and worker.max_samples == -1:  # never ends, keeps no state
-        return indices.map(lambda _: call(*start)[2])
+        return indices.flat_map(lambda _: slices(call(np.int64(-1), np.float64(-1.0))[2]))
 
-    def step(state, _):
+    def step(state, _):  # (the chunk leaves it as a dataset: fewer outputs)
         ended, state, chunk = call(*state)
-        return state, (ended, chunk)
+        return state, (ended, slices(chunk))
 
+    start = (np.int64(worker.max_samples), np.float64(-1.0))
     return (indices.scan(start, step).take_while(lambda ended, _: tf.logical_not(ended))
-            .map(lambda _, chunk: chunk))
+            .flat_map(lambda _, items: items))
 
 
 def _generated_chunks(workers, chunk_spec):
@@ -291,8 +296,8 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
 
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
-        return common.no_lookahead(_chunk_dataset(server_address, table, data_spec, max_in_flight,
-                                            workers, timeout_ms, max_samples).unbatch())
+        return common.no_lookahead(_item_dataset(server_address, table, data_spec, max_in_flight,
+                                                 workers, timeout_ms, max_samples))
 
     @property
     def element_spec(self):
@@ -341,9 +346,9 @@ class TimestepDataset(TrajectoryDataset):
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
         # ``max_samples`` counts items, as in Reverb.
-        return common.no_lookahead(_chunk_dataset(server_address, table, data_spec, max_in_flight,
-                                            workers, timeout_ms, max_samples,
-                                            timesteps=True).unbatch())
+        return common.no_lookahead(_item_dataset(server_address, table, data_spec, max_in_flight,
+                                                 workers, timeout_ms, max_samples,
+                                                 timesteps=True))
 
 
 def ReplayDataset(server_address: str, table: str, dtypes, shapes,

@@ -212,17 +212,19 @@ def _mapped_items(worker, chunk_spec):
         return out[0], (out[1], out[2]), tf.nest.pack_sequence_as(chunk_spec, out[3:])
 
     slices = tf.data.Dataset.from_tensor_slices
+    plain = tf.autograph.experimental.do_not_convert  # (nothing to convert: traced faster)
     indices = tf.data.Dataset.range(np.iinfo(np.int64).max)
     if worker.timeout is None and worker.max_samples == -1:  # never ends, keeps no state
-        return indices.flat_map(lambda _: slices(call(np.int64(-1), np.float64(-1.0))[2]))
+        return indices.flat_map(plain(lambda _: slices(call(np.int64(-1), np.float64(-1.0))[2])))
 
     def step(state, _):  # (the chunk leaves it as a dataset: fewer outputs)
         ended, state, chunk = call(*state)
         return state, (ended, slices(chunk))
 
     start = (np.int64(worker.max_samples), np.float64(-1.0))
-    return (indices.scan(start, step).take_while(lambda ended, _: tf.logical_not(ended))
-            .flat_map(lambda _, items: items))
+    return (indices.scan(start, plain(step))
+            .take_while(plain(lambda ended, _: tf.logical_not(ended)))
+            .flat_map(plain(lambda _, items: items)))
 
 
 def _generated_chunks(workers, chunk_spec):

@@ -179,9 +179,9 @@ def _mapped_items(worker, chunk_spec):
     6-9 ms more to its first element, 3x Reverb's.
 
     Making an iterator instantiates each dataset function afresh, and Grappler's work
-    on one grows with its outputs (about 0.3 ms each here): one ``flat_map`` whose
-    function returns a single dataset costs least. (``map`` + ``unbatch`` returned the
-    10 tensors, and ``unbatch`` adds a ``map`` of its own.) Without a timeout or
+    on one grows with its outputs (about 0.3 ms each here): a function that returns
+    its chunk as one dataset costs least. (``map`` + ``unbatch`` returned 10 tensors,
+    and ``unbatch`` adds a ``map`` of its own: 3x the cost.) Without a timeout or
     ``max_samples`` a call needs nothing from the one before. Otherwise a ``scan``
     carries the items left and when the last item came from call to call (per
     iterator: each samples on its own), and ``take_while`` ends the dataset.

@@ -8,7 +8,9 @@ Seed 002 (a Reverb client survey with a cpprb benchmark) times Reverb's TFClient
 - sample N items, N = 2, 16, 128: one ``TFClient.sample`` per item;
 - the dataset: ``TFClient.dataset(table, dtypes, shapes)``, made per call as the seed
   does ("dataset made": its kernel returns an unconsumed ``islice``) and also made and
-  read for N items ("dataset read").
+  read for N items ("dataset read");
+- Reverb's dataset classes (not in the seed): ``TrajectoryDataset`` and
+  ``TimestepDataset`` made and read for their first element ("dataset class").
 
 One transition is ``[obs f64[15], act f64[3], rew f64[1], next_obs f64[15], done f64[1]]``
 (the seed's arrays; its ``done`` for a whole batch in every step is a typo, not copied).
@@ -108,6 +110,13 @@ class Side:
         # "dataset made": the seed's kernel (an unconsumed islice); "dataset read": made,
         # then read for n items
         shapes = [tf.TensorShape([s]) for s in SHAPES]
+        if op == "dataset class":  # Reverb's dataset classes: made, first element read
+            # (an inserted item is a trajectory of one step: [1, s] in both libraries)
+            trajectory_shapes = [tf.TensorShape([1, s]) for s in SHAPES]
+            cls = getattr(self.lib if self.name == "reverb" else self.lib.tf, mode)
+            args = trajectory_shapes if mode == "TrajectoryDataset" else shapes
+            return lambda: next(iter(cls(self.address, table, dtypes, args,
+                                         max_in_flight_samples_per_worker=100)))
         if self.name == "reverb":
             make = lambda: self.lib.TimestepDataset(  # noqa: E731
                 self.address, table, dtypes, shapes, max_in_flight_samples_per_worker=100)
@@ -162,6 +171,8 @@ def floor_fns(tf):
 
 def floor_of(op, mode, floors_us):
     """The case's floor per call (µs): what TensorFlow costs whoever does the replay."""
+    if op == "dataset class":  # made and read once
+        return floors_us["dataset read"]
     if op.startswith("dataset"):
         return floors_us[op]
     if mode == "eager, inputs made":
@@ -178,6 +189,8 @@ def cases():
                 out += [("sample", mode, table, n) for n in SAMPLE_ITEMS]
         out.append(("dataset made", "eager", table, 1))
         out += [("dataset read", "eager", table, n) for n in SAMPLE_ITEMS]
+        out += [("dataset class", cls, table, 1)
+                for cls in ("TrajectoryDataset", "TimestepDataset")]
     return out
 
 

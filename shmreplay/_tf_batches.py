@@ -5,8 +5,6 @@ Each element is one ``sample_batch`` call, mapped through ``tf.numpy_function`` 
 large batches reach TensorFlow without a copy.
 """
 
-import contextlib
-import threading
 from typing import Optional
 
 import numpy as np
@@ -95,7 +93,7 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     """
     flat_spec = tf.nest.flatten(spec)
     ends = timeout is not None  # only then can a call come back empty
-    clients = _ClientPool(server_address)
+    clients = common.ClientPool(server_address)
 
     def fetch(_):
         with clients.borrow() as client:
@@ -130,27 +128,6 @@ def _is_ok(ok, _):
 
 def _drop_ok(_, sample):
     return sample
-
-
-class _ClientPool:
-    """Clients for a dataset's parallel calls: one per call in flight, made on demand."""
-
-    def __init__(self, server_address):
-        self._address = server_address
-        self._idle = []
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def borrow(self):
-        with self._lock:
-            client = self._idle.pop() if self._idle else None
-        if client is None:
-            client = common.connect(self._address)
-        try:
-            yield client
-        finally:
-            with self._lock:
-                self._idle.append(client)
 
 
 class ReplayBuffer:

@@ -10,7 +10,15 @@ inside a graph can only fail as ``InvalidArgumentError`` (ValueError) or
 ``UnknownError`` (anything else), so the function returns a status code and a message
 next to its outputs, and stock ops raise the error TensorFlow users expect: ``Assert``
 for ``InvalidArgumentError``, ``ReadFile`` of a path that cannot exist for
-``NotFoundError`` (TensorFlow has no op that raises a chosen error code).
+``NotFoundError`` (TensorFlow has no op that raises a chosen error code), and for
+``InternalError`` what raises it in Reverb's op: an output whose dtype is not the
+declared one (a staged string read back as int32).
+
+Which error, as in Reverb's op: ``sample`` with data_dtypes that do not match the item
+raises ``InvalidArgumentError`` eagerly ("Type mismatch") but ``InternalError`` in a
+graph (``tf.function``, ``tf.data``, ``Session``: TensorFlow's own check of the op's
+output dtypes). There TensorFlow's message cannot carry shmreplay's, so shmreplay's is
+logged (``tf.compat.v1.logging.error``) just before.
 """
 
 import threading
@@ -24,7 +32,7 @@ from shmreplay import errors, specs
 from shmreplay._tf_items import ReplayDataset
 from shmreplay.replay_sample import INFO_DTYPES, ReplaySample, SampleInfo
 
-_OK, _INVALID, _NOT_FOUND = 0, 1, 2
+_OK, _INVALID, _NOT_FOUND, _INTERNAL = 0, 1, 2, 3
 _INFO_DTYPES = [np.dtype(INFO_DTYPES[field]) for field in SampleInfo._fields]
 # ReadFile of this prefix fails with NotFound ("...; No such file or directory"): /proc/self
 # exists, and no process has an entry whose name starts with a space.
@@ -49,6 +57,7 @@ def _status(exc: Exception) -> _Failed:
 
 
 def _as_eager_error(failed: _Failed):
+    # (_INTERNAL too: eagerly Reverb's op raises InvalidArgumentError for a dtype mismatch)
     kind = tf.errors.NotFoundError if failed.code == _NOT_FOUND else tf.errors.InvalidArgumentError
     return kind(None, None, str(failed))
 
@@ -86,8 +95,8 @@ def _check_dtypes(table, dtypes, paths, wanted):
     for index, (dtype, want) in enumerate(zip(dtypes, wanted)):
         if np.dtype(dtype) != want.as_numpy_dtype:
             column = f"column {paths[index]}" if paths else f"tensor {index}"
-            raise _Failed(_INVALID, f"Table '{table}', {column}: the items hold "
-                                    f"{np.dtype(dtype).name}, data_dtypes asks for {want.name}.")
+            raise _Failed(_INTERNAL, f"Table '{table}', {column}: the items hold "
+                                     f"{np.dtype(dtype).name}, data_dtypes asks for {want.name}.")
 
 
 class TFClient:
@@ -200,8 +209,11 @@ class TFClient:
 
         Raises:
           tf.errors.NotFoundError: no such table.
-          tf.errors.InvalidArgumentError: the item has another number of tensors, or a
-            tensor of another dtype, than ``data_dtypes`` says.
+          tf.errors.InvalidArgumentError: the item has another number of tensors than
+            ``data_dtypes`` says (or, eagerly, a tensor of another dtype).
+          tf.errors.InternalError: in a graph, a tensor of another dtype than
+            ``data_dtypes`` says (as Reverb's op; shmreplay's message is logged).
+          Either way nothing is sampled.
         """
         flat_dtypes = [tf.as_dtype(dtype) for dtype in tf.nest.flatten(data_dtypes)]
         if tf.executing_eagerly():
@@ -328,9 +340,25 @@ class TFClient:
         not_found = tf.cond(tf.equal(code, _NOT_FOUND),
                             lambda: tf.io.read_file(tf.strings.join([_NOT_FOUND_PATH, message])),
                             lambda: tf.constant(""))
+        with tf.control_dependencies([not_found]):
+            internal = tf.cond(tf.equal(code, _INTERNAL), lambda: _internal_error(message),
+                               lambda: tf.constant(0))
         # Assert is stateful, so tf.function and tf.data keep it (and what it depends on)
         # even when nothing uses the outputs: an insert's op is usually left unused.
-        with tf.control_dependencies([not_found]):
+        with tf.control_dependencies([internal]):
             check = tf.debugging.Assert(tf.not_equal(code, _INVALID), [message])
         with tf.control_dependencies([check]):
             return [tf.identity(output) for output in results[2:]] or [tf.no_op()]
+
+
+def _internal_error(message):
+    """Raises ``InternalError`` when it runs, after logging ``message``: a staged string
+    read back as int32 fails TensorFlow's check of an op's output dtypes, the check
+    Reverb's sample op fails on a dtype mismatch. (Each failing run stages one string
+    and takes one back, so concurrent runs of the op share the area harmlessly.)"""
+    logged = tf.print("shmreplay:", message, output_stream=tf.compat.v1.logging.error)
+    with tf.control_dependencies([logged]):
+        staged = tf.raw_ops.Stage(values=[message], shared_name="shmreplay_internal_error")
+    with tf.control_dependencies([staged]):
+        return tf.raw_ops.Unstage(dtypes=[tf.int32], shared_name="shmreplay_internal_error",
+                                  name="data_dtypes_do_not_match_the_item")[0]

@@ -5,7 +5,9 @@
 on these.
 """
 
+import contextlib
 import numbers
+import threading
 import time
 from typing import Optional
 
@@ -15,7 +17,7 @@ import tensorflow as tf
 from shmreplay import errors, specs
 from shmreplay._engine import outputs as _outputs
 from shmreplay.client import Client
-from shmreplay.replay_sample import INFO_DTYPES, ReplaySample, SampleInfo
+from shmreplay.replay_sample import INFO_DTYPES, SampleInfo
 
 
 def info_spec(batch_shape=()):
@@ -187,18 +189,36 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
         client.close()
 
 
-def zero_copy(sample):
-    """``sample`` with its large data leaves as tensors sharing their memory (DLPack).
+def shared_tensor(leaf):
+    """A large array as a tensor sharing its memory (DLPack), else the array as it is.
 
-    ``from_generator`` would otherwise copy every array into a new tensor: 7 MB for 256
-    Atari frames, about 200 us, plus page faults on TensorFlow's fresh allocation. The
-    tensor keeps the array (and its pooled block, see ``shmreplay._engine.outputs``) alive.
+    ``from_generator`` would otherwise copy it into a new tensor: 7 MB for 256 Atari
+    frames, about 200 us, plus page faults on TensorFlow's fresh allocation. The tensor
+    keeps the array (and its pooled block, see ``shmreplay._engine.outputs``) alive.
     """
-    return ReplaySample(sample.info, specs.optree.tree_map(_shared_tensor, sample.data))
-
-
-def _shared_tensor(leaf):
     if (leaf.nbytes < _outputs.POOL_FROM or leaf.dtype.kind not in "iuf"
             or leaf.ctypes.data % _outputs.ALIGN or not leaf.flags.c_contiguous):
         return leaf
     return tf.experimental.dlpack.from_dlpack(leaf.__dlpack__())
+
+
+class ClientPool:
+    """Clients for a dataset's calls: one per call in flight, made on demand (a call
+    made ``tf.numpy_function`` has no state of its own to keep one in)."""
+
+    def __init__(self, server_address):
+        self._address = server_address
+        self._idle = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def borrow(self):
+        with self._lock:
+            client = self._idle.pop() if self._idle else None
+        if client is None:
+            client = connect(self._address)
+        try:
+            yield client
+        finally:
+            with self._lock:
+                self._idle.append(client)

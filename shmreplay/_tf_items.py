@@ -11,8 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from shmreplay import _batches, _tf_common as common, errors, specs
-from shmreplay.replay_sample import ReplaySample, SampleInfo
-
+from shmreplay._tf_item_views import ItemViews
+from shmreplay.replay_sample import ReplaySample
 
 
 def _check_options(max_in_flight_samples_per_worker, num_workers_per_iterator,
@@ -33,56 +33,56 @@ def _check_options(max_in_flight_samples_per_worker, num_workers_per_iterator,
 
 
 class _Worker:
-    """Samples chunks of a table for one tf.data generator (runs in TF's threads)."""
+    """Samples chunks of a table for one tf.data pipeline: what its calls share."""
 
-    def __init__(self, server_address, table, chunk, rate_limiter_timeout_ms, max_samples):
+    def __init__(self, server_address, table, chunk, rate_limiter_timeout_ms, max_samples,
+                 views):
         self.server_address = server_address
         self.table = table
         self.chunk = chunk
         self.timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
         self.max_samples = max_samples
+        self.views = views
 
-    def chunks(self, stop: Optional[threading.Event] = None):
-        """Yields ``ReplaySample`` s of up to ``chunk`` items until the end (the timeout,
-        ``max_samples`` taken, or ``stop`` set), and None after each slice of waiting
-        in which no item came (see ``_chunk_dataset``: the generator must return to
-        tf.data while it waits)."""
-        client = common.connect(self.server_address)
-        left = self.max_samples
-        try:
-            waiting_since = time.monotonic()
-            while left != 0:
-                if stop is not None and stop.is_set():
-                    return
-                wanted = self.chunk if left < 0 else min(self.chunk, left)
-                sample = self._take(client, wanted, waiting_since)
-                if sample is _ENDED:
-                    return
-                if sample is None:
-                    yield None
-                    continue
-                waiting_since = time.monotonic()
-                if left > 0:
-                    left -= len(sample.info.key)
-                yield sample
-        finally:
-            client.close()
-
-    def _take(self, client, wanted, waiting_since):
-        """Up to ``wanted`` items (at least one); None if none came within a slice;
-        ``_ENDED`` when the timeout (counted from ``waiting_since``) ran out."""
+    def take(self, client, left, waiting_since):
+        """The next chunk as ``(items, info leaves, data leaves)``: up to ``chunk`` items (no
+        more than ``left``, unless it is -1); None if none came within a slice;
+        ``_ENDED`` when ``left`` is 0 or the timeout (counted from ``waiting_since``)
+        ran out."""
+        wanted = self.chunk if left < 0 else min(self.chunk, left)
+        if wanted == 0:
+            return _ENDED
         wait = _batches.SLICE
         if self.timeout is not None:  # (a call is made even at 0: what is there comes)
             wait = min(wait, max(0.0, self.timeout - (time.monotonic() - waiting_since)))
         try:
-            return client.sample_batch(self.table, wanted, timeout=wait)
+            sample = client.sample_batch(self.table, wanted, timeout=wait)
         except errors.DeadlineExceededError:
             if self.timeout is not None and time.monotonic() - waiting_since >= self.timeout:
                 return _ENDED
             return None
+        return (len(sample.info.key),) + self.views(client._engine(self.table), sample)
+
+    def chunks(self, stop: Optional[threading.Event] = None):
+        """Yields chunks until the end (the timeout, ``max_samples`` taken, or ``stop``
+        set), and None after each slice of waiting in which no item came."""
+        client = common.connect(self.server_address)
+        left = self.max_samples
+        try:
+            waiting_since = time.monotonic()
+            while stop is None or not stop.is_set():
+                chunk = self.take(client, left, waiting_since)
+                if chunk is _ENDED:
+                    return
+                if chunk is not None:
+                    waiting_since = time.monotonic()
+                    left = left - chunk[0] if left > 0 else left  # (items, not timesteps)
+                yield chunk
+        finally:
+            client.close()
 
 
-_ENDED = object()  # a worker's timeout ran out
+_ENDED = object()  # a worker's timeout ran out, or it took all it may
 
 
 def _parallel_chunks(workers):
@@ -125,7 +125,7 @@ def _parallel_chunks(workers):
             try:
                 index, chunk, exc = results.get(timeout=_batches.SLICE)
             except queue.Empty:
-                yield None  # nothing yet: return to tf.data (see _chunk_dataset)
+                yield None  # nothing yet: return to tf.data (see _item_dataset)
                 continue
             if exc is not None:
                 raise exc
@@ -138,30 +138,24 @@ def _parallel_chunks(workers):
         stop.set()  # a dropped iterator ends the workers within a slice
 
 
-def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_worker,
-                   num_workers_per_iterator, rate_limiter_timeout_ms, max_samples,
-                   timesteps=False):
-    """A dataset of chunks: ``ReplaySample`` s with a leading dimension (<= the chunk size)
-    and ``data_spec`` after it; with ``timesteps``, sequence items are cut into their
-    timesteps (the info repeated on each).
+def _item_dataset(server_address, table, data_spec, max_in_flight_samples_per_worker,
+                  num_workers_per_iterator, rate_limiter_timeout_ms, max_samples,
+                  timesteps=False):
+    """A dataset of items (``ReplaySample`` s of ``data_spec``), sampled in chunks of up
+    to ``max_in_flight_samples_per_worker``; with ``timesteps``, sequence items are cut
+    into their timesteps (the info repeated on each).
 
-    While no item comes, the generator yields an empty chunk every ``SLICE`` (unbatch
-    turns it into nothing) instead of waiting inside it: a generator call that waits
-    holds a tf.data thread that nothing can interrupt. Three interleaved datasets
-    draining a table whose items expire (TF-Agents' ``test_prioritized_table_max_sample``)
-    hung that way: the drained datasets waited forever inside their calls, and the
-    iterator's destructor (or the interleave) waited for them. Returning lets tf.data
-    cancel the next call instead.
+    While no item comes, a call returns an empty chunk every ``SLICE`` (which gives no
+    element) instead of waiting on: a call that waits holds a tf.data thread that
+    nothing can interrupt. Three interleaved datasets draining a table whose items
+    expire (TF-Agents' ``test_prioritized_table_max_sample``) hung that way: the drained
+    datasets waited forever inside their calls, and the iterator's destructor (or the
+    interleave) waited for them. Returning lets tf.data cancel the next call instead.
     """
     workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
     chunk_spec = ReplaySample(common.info_spec((None,)), tf.nest.map_structure(
         lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
-    flat_spec = tf.nest.flatten(data_spec)
-    spec_structure = specs.optree.tree_structure(data_spec)
-    ndim = len(flat_spec[0].shape) if flat_spec else 0
-    empty = tf.nest.map_structure(
-        lambda s: np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]],
-                           s.dtype.as_numpy_dtype), chunk_spec)
+    views = ItemViews(table, tf.nest.flatten(data_spec), timesteps)
 
     def worker(index):
         # Each worker has its own share of max_samples, so together they take exactly
@@ -170,80 +164,86 @@ def _chunk_dataset(server_address, table, data_spec, max_in_flight_samples_per_w
         if max_samples != -1:
             budget = max_samples // workers + (1 if index < max_samples % workers else 0)
         return _Worker(server_address, table, max_in_flight_samples_per_worker,
-                       rate_limiter_timeout_ms, budget)
+                       rate_limiter_timeout_ms, budget, views)
+
+    if workers == 1:
+        return _mapped_items(worker(0), chunk_spec)
+    return _generated_chunks([w for w in map(worker, range(workers)) if w.max_samples != 0],
+                             chunk_spec).unbatch()
+
+
+def _mapped_items(worker, chunk_spec):
+    """One worker's items: ``range`` flat-mapped through a ``tf.numpy_function`` that
+    samples a chunk, sliced by ``from_tensor_slices``. No Python generator, whose per-
+    iterator machinery (``from_generator``) cost about 3.5 ms to make an iterator and
+    6-9 ms more to its first element, 3x Reverb's.
+
+    Making an iterator instantiates each dataset function afresh, and Grappler's work
+    on one grows with its outputs (about 0.3 ms each here): a function that returns
+    its chunk as one dataset costs least. (``map`` + ``unbatch`` returned 10 tensors,
+    and ``unbatch`` adds a ``map`` of its own: 3x the cost.) Without a timeout or
+    ``max_samples`` a call needs nothing from the one before. Otherwise a ``scan``
+    carries the items left and when the last item came from call to call (per
+    iterator: each samples on its own), and ``take_while`` ends the dataset.
+    """
+    flat_spec = tf.nest.flatten(chunk_spec)
+    out_types = [tf.bool, tf.int64, tf.float64] + [s.dtype for s in flat_spec]
+    empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]], s.dtype.as_numpy_dtype)
+             for s in flat_spec]
+    clients = common.ClientPool(worker.server_address)
+
+    def fetch(left, waiting_since):
+        """``[ended, items left, waiting since] + chunk leaves`` after one sampling call."""
+        left, waiting_since = int(left), float(waiting_since)
+        if waiting_since < 0:  # the iterator's first call
+            waiting_since = time.monotonic()
+        with clients.borrow() as client:
+            chunk = worker.take(client, left, waiting_since)
+        if chunk is None or chunk is _ENDED:
+            return [np.bool_(chunk is _ENDED), np.int64(left), np.float64(waiting_since)] + empty
+        items, info, data = chunk
+        left = left - items if left > 0 else left
+        return [np.bool_(False), np.int64(left), np.float64(time.monotonic())] + info + data
+
+    def call(left, waiting_since):
+        out = tf.numpy_function(fetch, [left, waiting_since], out_types, stateful=True)
+        for tensor, spec in zip(out[3:], flat_spec):
+            tensor.set_shape(spec.shape)
+        return out[0], (out[1], out[2]), tf.nest.pack_sequence_as(chunk_spec, out[3:])
+
+    slices = tf.data.Dataset.from_tensor_slices
+    plain = tf.autograph.experimental.do_not_convert  # (nothing to convert: traced faster)
+    indices = tf.data.Dataset.range(np.iinfo(np.int64).max)
+    if worker.timeout is None and worker.max_samples == -1:  # never ends, keeps no state
+        return indices.flat_map(plain(lambda _: slices(call(np.int64(-1), np.float64(-1.0))[2])))
+
+    def step(state, _):  # (the chunk leaves it as a dataset: fewer outputs)
+        ended, state, chunk = call(*state)
+        return state, (ended, slices(chunk))
+
+    start = (np.int64(worker.max_samples), np.float64(-1.0))
+    return (indices.scan(start, plain(step))
+            .take_while(plain(lambda ended, _: tf.logical_not(ended)))
+            .flat_map(plain(lambda _, items: items)))
+
+
+def _generated_chunks(workers, chunk_spec):
+    """Several workers' chunks through ``from_generator``: their threads need a per-
+    iterator generator (see ``_parallel_chunks``)."""
+    empty = tf.nest.map_structure(
+        lambda s: np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]],
+                           s.dtype.as_numpy_dtype), chunk_spec)
 
     def generate():
-        chosen = [worker(i) for i in range(workers)]
-        chosen = [w for w in chosen if w.max_samples != 0]
-        chunks = chosen[0].chunks() if len(chosen) == 1 else _parallel_chunks(chosen)
-        checked = add_time = False
-        for sample in chunks:
-            if sample is None:
+        for chunk in _parallel_chunks(workers):
+            if chunk is None:
                 yield empty
                 continue
-            sample = _as_timesteps(sample, ndim) if timesteps else common.zero_copy(sample)
-            if not checked:
-                add_time = not timesteps and _wants_time_dim(sample, flat_spec)
-            if add_time:
-                sample = ReplaySample(sample.info, specs.optree.tree_map(
-                    lambda leaf: leaf[:, None], sample.data))
-            if not checked:  # tf.data would cast a wrong dtype silently
-                _check_chunk(sample, flat_spec, table)
-                checked = True
-            # As in Reverb, an item meets the dataset leaf by leaf: the elements take the
-            # structure of ``dtypes`` (a bare dtype for a table of ``[x]`` items, tuples
-            # where the items hold lists).
-            yield ReplaySample(sample.info, specs.optree.tree_unflatten(
-                spec_structure, specs.optree.tree_leaves(sample.data)))
+            _, info, data = chunk
+            yield tf.nest.pack_sequence_as(chunk_spec, info + [
+                common.shared_tensor(leaf) for leaf in data])
 
     return tf.data.Dataset.from_generator(generate, output_signature=chunk_spec)
-
-
-def _wants_time_dim(sample, flat_spec):
-    """Whether the dataset asks for a time dimension of 1 that the sampled items lack
-    (items from ``insert`` are one timestep: Reverb samples them as ``[1, ...]``)."""
-    leaves = specs.optree.tree_leaves(sample.data)
-    return len(leaves) == len(flat_spec) and all(
-        len(spec.shape) == leaf.ndim and spec.shape[0] in (1, None)
-        for leaf, spec in zip(leaves, flat_spec))
-
-
-def _check_chunk(sample, flat_spec, table):
-    """Raises ValueError (InvalidArgumentError in tf.data) unless the sampled leaves have
-    the dtypes and shapes the dataset was given."""
-    leaves = specs.optree.tree_leaves(sample.data)
-    if len(leaves) != len(flat_spec):
-        raise ValueError(
-            f"Table '{table}': the dataset expects {len(flat_spec)} tensors per item, "
-            f"the table's items have {len(leaves)}.")
-    for index, (leaf, spec) in enumerate(zip(leaves, flat_spec)):
-        dtype = np.dtype(spec.dtype.as_numpy_dtype)
-        shape = tuple(leaf.shape[1:])
-        if leaf.dtype != dtype or not tf.TensorShape(spec.shape).is_compatible_with(shape):
-            # Worded as Reverb's error (TensorFlow's dtype names, [3,3]): code and tests
-            # match on it.
-            raise ValueError(
-                f"Table '{table}': requested incompatible tensor at flattened index "
-                f"{index}. Specification has (dtype, shape): ({specs.tf_dtype_name(dtype)}, "
-                f"{_shape_str(spec.shape)}).  Tensor has (dtype, shape): "
-                f"({specs.tf_dtype_name(leaf.dtype)}, {_shape_str(shape)}).")
-
-
-def _shape_str(shape) -> str:
-    return "[" + ",".join("?" if d is None else str(d) for d in tf.TensorShape(shape)) + "]"
-
-
-def _as_timesteps(sample, ndim):
-    """Sequence items ``[k, T, ...]`` as ``k * T`` timesteps; whole items stay as they are."""
-    leaves = specs.optree.tree_leaves(sample.data)
-    if leaves[0].ndim == ndim + 1:  # items without a time dimension: one timestep each
-        return sample
-    length = leaves[0].shape[1]
-    if any(leaf.ndim < 2 or leaf.shape[1] != length for leaf in leaves):
-        raise ValueError("Can't split non timestep trajectory into timesteps.")
-    data = specs.optree.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), sample.data)
-    info = SampleInfo(*(np.repeat(field, length) for field in sample.info))
-    return ReplaySample(info, data)
 
 
 class TrajectoryDataset(tf.compat.v1.data.Dataset):
@@ -298,8 +298,8 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
 
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
-        return common.no_lookahead(_chunk_dataset(server_address, table, data_spec, max_in_flight,
-                                            workers, timeout_ms, max_samples).unbatch())
+        return common.no_lookahead(_item_dataset(server_address, table, data_spec, max_in_flight,
+                                                 workers, timeout_ms, max_samples))
 
     @property
     def element_spec(self):
@@ -348,9 +348,9 @@ class TimestepDataset(TrajectoryDataset):
     def _build(self, server_address, table, data_spec, max_in_flight, workers, timeout_ms,
                max_samples):
         # ``max_samples`` counts items, as in Reverb.
-        return common.no_lookahead(_chunk_dataset(server_address, table, data_spec, max_in_flight,
-                                            workers, timeout_ms, max_samples,
-                                            timesteps=True).unbatch())
+        return common.no_lookahead(_item_dataset(server_address, table, data_spec, max_in_flight,
+                                                 workers, timeout_ms, max_samples,
+                                                 timesteps=True))
 
 
 def ReplayDataset(server_address: str, table: str, dtypes, shapes,

@@ -189,6 +189,9 @@ def test_insert_checks_its_arguments_when_the_op_is_built():
                 tf_client.insert(data, tables, priorities)
 
 
+_AS_REVERBS_SAMPLE = "as Reverb's sample op"  # see test_sample_dtype_mismatch_...
+
+
 def _bad_calls():
     """(what, call(tf_client, key) building the op, the TensorFlow error, message part)."""
     vec = lambda *values: tf.constant(values, F64)  # noqa: E731
@@ -206,7 +209,7 @@ def _bad_calls():
         ("sample, unknown table", lambda c, k: c.sample("nope", [F64]),
          tf.errors.NotFoundError, "'nope' was not found"),
         ("sample, wrong dtype", lambda c, k: c.sample("dist", [tf.float32]),
-         tf.errors.InvalidArgumentError, "float64, data_dtypes asks for float32"),
+         _AS_REVERBS_SAMPLE, "float64, data_dtypes asks for float32"),
         ("sample, wrong count", lambda c, k: c.sample("dist", [F64, F64]),
          tf.errors.InvalidArgumentError, "1 tensors, data_dtypes asks for 2"),
         ("update, unknown table", lambda c, k: c.update_priorities(
@@ -228,6 +231,10 @@ def _bad_calls():
 @pytest.mark.parametrize("case", _bad_calls(), ids=lambda case: case[0])
 def test_bad_calls_raise_tensorflows_error_and_change_nothing(mode, case):
     _, call, error, message = case
+    if error is _AS_REVERBS_SAMPLE and mode != "eager":
+        error, message = tf.errors.InternalError, "does not match declared output type int32"
+    elif error is _AS_REVERBS_SAMPLE:
+        error = tf.errors.InvalidArgumentError
     signature = [TensorSpec((2,), np.float64)]
     with serve(table("dist", signature), table("dist2", signature)) as (tf_client, client):
         client.insert([np.array([1.0, 2.0])], {"dist": 1.0})
@@ -237,6 +244,27 @@ def test_bad_calls_raise_tensorflows_error_and_change_nothing(mode, case):
             run(mode, lambda: call(tf_client, key))
         assert state(client) == before
         assert priorities_of(client, "dist") == {key: 1.0}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sample_dtype_mismatch_raises_what_reverbs_op_raises(mode, capfd):
+    # Reverb 0.14's reverb_client_sample (measured): eagerly InvalidArgumentError ("Type
+    # mismatch"); in a graph, TensorFlow's check of the op's output dtypes fails first:
+    # InternalError, as its tf_client_test.py expects. A wrong count is
+    # InvalidArgumentError everywhere. Unlike Reverb, nothing is sampled.
+    with serve() as (tf_client, client):
+        client.insert([np.zeros(3)], {"dist": 1.0})
+        before = state(client)
+        expected = tf.errors.InvalidArgumentError if mode == "eager" else tf.errors.InternalError
+        with pytest.raises(expected) as raised:
+            run(mode, lambda: tf_client.sample("dist", [tf.float32]))
+        assert not isinstance(raised.value, tf.errors.InvalidArgumentError if mode != "eager"
+                              else tf.errors.InternalError)
+        assert "float64, data_dtypes asks for float32" in (
+            str(raised.value) if mode == "eager" else capfd.readouterr().err)  # logged
+        with pytest.raises(tf.errors.InvalidArgumentError, match="asks for 2"):
+            run(mode, lambda: tf_client.sample("dist", [F64, F64]))
+        assert state(client) == before
 
 
 def test_seed_002s_calls_take_the_table_as_a_one_element_tensor():

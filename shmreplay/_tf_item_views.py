@@ -1,0 +1,134 @@
+"""How the per-item datasets (``shmreplay._tf_items``) give each sampled column the shape
+their spec asks for, decided from the table's layout, never guessed from the spec.
+
+A table stores each column in one form (``shmreplay._item_forms``): a whole item ``S``
+(Reverb's view ``[1, *S]``), a squeezed step ``c``, one step ``[1, *c]`` or a sequence
+``[T, *c]``. A one-step column is read with or without its time dimension of 1,
+whichever the spec has (Reverb keeps it; shmreplay's own code often leaves it out); a
+sequence is read as it is. ``TimestepDataset`` cuts sequence columns into their
+timesteps and reads a whole item as one timestep. Anything else is an error naming the
+column, the spec's shape and the item's.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from shmreplay import specs
+from shmreplay._schema import item_forms as forms
+
+_KEEP, _ADD_TIME, _DROP_TIME = range(3)
+
+
+class ItemViews:
+    """Turns a sampled chunk (``[k, ...]`` columns) into the dataset's leaves.
+
+    Args:
+      table: For error messages.
+      flat_spec: The dataset's ``tf.TensorSpec`` leaves (one item or one timestep each).
+      timesteps: Cut items into timesteps (``TimestepDataset``).
+    """
+
+    def __init__(self, table: str, flat_spec, timesteps: bool):
+        self._table = table
+        self._dtypes = [np.dtype(spec.dtype.as_numpy_dtype) for spec in flat_spec]
+        self._shapes = [tf.TensorShape(spec.shape) for spec in flat_spec]
+        self._timesteps = timesteps
+        self._plans = {}  # the columns' (kind, stored shape) and dtypes: the plan
+
+    def __call__(self, engine, sample):
+        """``(info leaves, data leaves)`` of ``sample``, shaped as the spec says.
+
+        Raises:
+          ValueError: a column's dtype or shape does not fit the spec, or (timesteps)
+            the columns cannot be cut into timesteps.
+        """
+        leaves = specs.optree.tree_leaves(sample.data)
+        kinds = forms.column_kinds(engine)
+        key = (tuple(kinds), tuple(leaf.dtype for leaf in leaves))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(engine, kinds, leaves)
+        for leaf, (_, stored) in zip(leaves, plan[1]):
+            if leaf.shape[1:] != stored:  # (a reset forgot the layout the plan is for)
+                del self._plans[key]
+                raise ValueError(f"Table '{self._table}': its items changed shape while "
+                                 "the dataset read them (a reset forgot the layout); make "
+                                 "the dataset again.")
+        info = list(sample.info)
+        if plan[0] is not None:  # timesteps: cut [k, T, ...] into k * T steps
+            leaves = [leaf.reshape((-1,) + leaf.shape[2:]) for leaf in leaves]
+            info = [np.repeat(field, plan[0]) for field in info]
+        out = [leaf if action == _KEEP else leaf[:, None] if action == _ADD_TIME else leaf[:, 0]
+               for leaf, (action, _) in zip(leaves, plan[1])]
+        return info, out
+
+    def _plan(self, engine, kinds, leaves):
+        """``(timestep length or None, [(action, stored shape)] per column)``."""
+        if len(leaves) != len(self._shapes):
+            raise ValueError(
+                f"Table '{self._table}': the dataset expects {len(self._shapes)} tensors per "
+                f"item, the table's items have {len(leaves)}.")
+        paths = engine.paths if engine.has_columns() else [str(i) for i in range(len(kinds))]
+        length = self._timestep_length(kinds) if self._timesteps else None
+        actions = []
+        for index, (kind, stored) in enumerate(kinds):
+            dtype = leaves[index].dtype
+            if length is not None:  # one timestep of a step column
+                views = {_KEEP: stored[1:]}
+            elif kind == forms.WHOLE or kind == forms.SQUEEZED:
+                views = {_KEEP: stored} if self._timesteps else {
+                    _KEEP: stored, _ADD_TIME: (1,) + stored}
+            elif kind == forms.ONE_STEP:
+                views = {_KEEP: stored, _DROP_TIME: stored[1:]}
+            else:
+                views = {_KEEP: stored}
+            spec_shape = self._shapes[index]
+            action = next((a for a, shape in views.items()
+                           if spec_shape.is_compatible_with(shape)), None)
+            if action is None or dtype != self._dtypes[index]:
+                self._refuse(index, paths[index], dtype, kind, stored, length, views)
+            actions.append((action, stored))
+        return length, actions
+
+    def _timestep_length(self, kinds):
+        """The items' time dimension when their columns are steps; None for whole items
+        (each is one timestep)."""
+        if all(kind == forms.WHOLE for kind, _ in kinds):
+            return None
+        lengths = {stored[0] if kind in (forms.ONE_STEP, forms.SEQUENCE) else None
+                   for kind, stored in kinds}
+        if len(lengths) != 1 or None in lengths:
+            raise ValueError(
+                f"Table '{self._table}': can't split non timestep trajectory into timesteps: "
+                "every column of the items must have the same time dimension (a squeezed "
+                "column has none); read the items with TrajectoryDataset.")
+        return lengths.pop()
+
+    def _refuse(self, index, path, dtype, kind, stored, length, views):
+        # Worded as Reverb's error (TensorFlow's dtype names, [3,3]), which code and tests
+        # match on, then which column it is and what would fit.
+        item_shape = views[_KEEP] if length is not None or self._timesteps else \
+            forms.usual_view(kind, stored)
+        message = (
+            f"Table '{self._table}': requested incompatible tensor at flattened index "
+            f"{index} (column {path}). Specification has (dtype, shape): "
+            f"({specs.tf_dtype_name(self._dtypes[index])}, {_shape_str(self._shapes[index])})."
+            f"  Tensor has (dtype, shape): ({specs.tf_dtype_name(dtype)}, "
+            f"{_shape_str(item_shape)}).")
+        if len(views) > 1:
+            message += (" The column is one step: the spec may have it with or without "
+                        "its time dimension of 1 (" +
+                        " or ".join(_shape_str(s) for s in views.values()) + ").")
+        elif kind == forms.SEQUENCE and not self._timesteps:
+            message += (f" The items are sequences of {stored[0]} steps: give the spec "
+                        "their time dimension, or read timesteps with TimestepDataset.")
+        elif length is not None:
+            message += f" (one timestep of items of {length} steps)."
+        elif self._timesteps:
+            message += " (each item is one timestep, as inserted)."
+        raise ValueError(message)
+
+
+def _shape_str(shape) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in tf.TensorShape(shape)) + "]"
+

@@ -1,7 +1,7 @@
 """How the per-item datasets (``shmreplay._tf_items``) give each sampled column the shape
 their spec asks for, decided from the table's layout, never guessed from the spec.
 
-A table stores each column in one form (``shmreplay._item_forms``): a whole item ``S``
+A table stores each column in one form (``shmreplay._schema.item_forms``): a whole item ``S``
 (Reverb's view ``[1, *S]``), a squeezed step ``c``, one step ``[1, *c]`` or a sequence
 ``[T, *c]``. A one-step column is read with or without its time dimension of 1,
 whichever the spec has (Reverb keeps it; shmreplay's own code often leaves it out); a

@@ -25,6 +25,7 @@ Writes: benchmarks/results/checkpoint-ab-<date>[-quick].{json,md} (medians)
 """
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -64,7 +65,7 @@ def bench_shmreplay(shmreplay, name, data, prioritized, directory, repeats=1):
     try:
         from shmreplay._ops import checkpoint as _checkpoint
     except ImportError:  # a checkout from before the folders (an A/B's other side)
-        from shmreplay import _checkpoint
+        _checkpoint = importlib.import_module("shmreplay._checkpoint")
     n = len(next(iter(data.values())))
     sampler = selectors.Prioritized(0.6) if prioritized else selectors.Uniform()
     table = shmreplay.Table("t", sampler, selectors.Fifo(), n, rate_limiters.MinSize(1))

@@ -288,3 +288,35 @@ def all_of(*parts):
         def __call__(self, text):
             return re.search(pattern, text) is not None
     return _Pattern(pattern)
+
+
+def test_a_client_attaching_while_the_header_is_still_zero_waits_for_it(monkeypatch):
+    """A Server's header segment exists, zero-filled, while its memory is reserved and
+    before the magic is written: a Client attaching then waits instead of calling it
+    "not a shmreplay buffer" (a race that a forked lazy Client hit under load)."""
+    import threading
+    import time
+    from shmreplay._shm import segment as _segment
+    name = _names.unique("zeros")
+    created = _segment.Segment.create.__func__
+    header_exists = threading.Event()
+
+    def slow_create(cls, segment_name, *args, **kwargs):
+        made = created(cls, segment_name, *args, **kwargs)
+        if ":" not in segment_name:  # the header segment: hold it zero for a while
+            header_exists.set()
+            time.sleep(0.3)
+        return made
+
+    monkeypatch.setattr(_segment.Segment, "create", classmethod(slow_create))
+    result = []
+    owner = threading.Thread(target=lambda: result.append(shmreplay.Server(queue(), name=name)))
+    owner.start()
+    try:
+        assert header_exists.wait(10)
+        with shmreplay.Client(name) as client:
+            assert set(client.server_info(timeout=5)) == {"q"}
+    finally:
+        owner.join(10)
+        for server in result:
+            server.stop()

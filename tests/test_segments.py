@@ -291,3 +291,60 @@ def test_a_full_dev_shm_is_a_typed_error_not_sigbus():
         assert "MiB" in cases[case]["message"] or "GiB" in cases[case]["message"]
     assert cases["a small first insert then"]["result"] == "ok"
     assert cases["left in /dev/shm"] == []
+
+
+# --- a restore reserves its stores in a second thread -------------------------------------
+
+def _checkpoint_with_frames(name, path):
+    table = shmreplay.Table.queue("frames", 64)
+    with shmreplay.Server([table], name=name) as server:
+        client = shmreplay.Client(server.name)
+        client.insert_batch(np.arange(40 * 4096, dtype=np.uint8).reshape(40, 4096),
+                            {"frames": np.ones(40)}, timeout=5)
+        client.checkpoint(path)
+        client.close()
+
+
+def _in_reserving_thread():
+    import threading
+    return threading.current_thread().name == "shmreplay-reserve"
+
+
+def test_a_restored_table_is_served_only_once_every_page_is_reserved(
+        buffer_name, tmp_path, monkeypatch):
+    path = str(tmp_path / "frames.ckpt")
+    _checkpoint_with_frames(buffer_name, path)
+    fallocate = os.posix_fallocate
+
+    def slow_in_the_thread(fd, offset, length):
+        if _in_reserving_thread():
+            time.sleep(0.5)  # a Server that did not wait would be served before this
+        return fallocate(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", slow_in_the_thread)
+    with shmreplay.Server(name=buffer_name + "-r", checkpoint=path) as server:
+        for entry in _peek.segments_of(server.name):
+            info = os.stat(_shm(entry))
+            assert info.st_blocks * 512 >= info.st_size, entry  # every page allocated
+        with shmreplay.Client(server.name) as client:
+            data = client.sample_batch("frames", 40, timeout=5).data
+            assert sorted(data[:, 1].tolist()) == sorted(
+                (np.arange(40 * 4096).reshape(40, 4096)[:, 1] % 256).tolist())
+
+
+def test_dev_shm_filling_up_during_a_restore_is_a_typed_error(
+        buffer_name, tmp_path, monkeypatch):
+    import errno
+    path = str(tmp_path / "frames.ckpt")
+    _checkpoint_with_frames(buffer_name, path)
+    fallocate = os.posix_fallocate
+
+    def full_in_the_thread(fd, offset, length):
+        if _in_reserving_thread():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return fallocate(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full_in_the_thread)
+    with pytest.raises(errors.SharedMemoryFullError, match="data segment of table 'frames'"):
+        shmreplay.Server(name=buffer_name + "-r", checkpoint=path)
+    assert _peek.segments_of(buffer_name + "-r") == []

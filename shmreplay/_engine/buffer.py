@@ -147,6 +147,11 @@ def attach(name: str, wait_active: float = 2.0, trust_group: bool = False) -> Bu
                 f"Segment for '{name}' has {segment.size} bytes, less than a shmreplay header "
                 f"({L.HEADER_SIZE}).")
         header = L.header_view(segment.buf)
+        deadline = time.monotonic() + wait_active
+        # A Server writes the magic first, but only once its segment is created and its
+        # memory reserved: zeros until then.
+        while header["magic"][0] == b"" and time.monotonic() < deadline:
+            time.sleep(0.001)
         if header["magic"][0] != L.MAGIC:
             raise errors.LayoutMismatchError(
                 f"Segment for '{name}' is not a shmreplay buffer: magic {header['magic'][0]!r}, "
@@ -156,7 +161,6 @@ def attach(name: str, wait_active: float = 2.0, trust_group: bool = False) -> Bu
                 f"Buffer '{name}' has layout version {header['layout_version'][0]}; this "
                 f"shmreplay reads version {L.LAYOUT_VERSION}. Use the same shmreplay version "
                 "in every process.")
-        deadline = time.monotonic() + wait_active
         while header["state"][0] == L.STATE_CREATING and time.monotonic() < deadline:
             time.sleep(0.001)
         state = header["state"][0]

@@ -34,7 +34,7 @@ from shmreplay._shm.kernels import creation
 _POLL_MAX = 0.02  # seconds between looks at a creation under way (from 1 ms, doubling)
 
 
-def define(engine, storage, timeout=None):
+def define(engine, storage, timeout=None, stores_later: bool = False):
     """Makes ``storage`` the table's layout unless some process did already: claims the
     creation and creates the segment, or waits for the process that claimed it.
 
@@ -42,6 +42,8 @@ def define(engine, storage, timeout=None):
       engine: The table's ``TableEngine``.
       storage: The layout (``shmreplay._schema.storage.Storage``) the caller's item defines.
       timeout: Seconds to wait for another process's creation (None: while it lives).
+      stores_later: Reserve the stores' memory in a second thread (a restore: see
+        ``create``).
 
     Raises:
       DeadlineExceededError: another (live) process is creating the segment and did
@@ -69,7 +71,7 @@ def define(engine, storage, timeout=None):
             if dead[0] and out[0] == dead[0]:  # the dead claimant's file, if it made one
                 _segment.unlink(L.data_segment_name(engine.buffer_name, engine.index,
                                                     int(out[2])))
-            _create_claimed(engine, storage, token)
+            _create_claimed(engine, storage, token, stores_later)
             return
         holder, holder_start = int(out[0]), int(out[1])
         holder_pid, holder_ns = _procs.split_stamp(holder)
@@ -111,11 +113,11 @@ def _stopped_note(pid: int) -> str:
     return ""
 
 
-def _create_claimed(engine, storage, token: int):
+def _create_claimed(engine, storage, token: int, stores_later: bool = False):
     """Creates, maps and publishes the segment of the caller's claim ``token``; on any
     failure releases the claim, so that nobody waits for a creation given up."""
     try:
-        segment, plan, generation = create(engine, storage, token)
+        segment, plan, generation = create(engine, storage, token, stores_later)
     except BaseException:
         _release(engine, token)
         raise
@@ -141,7 +143,7 @@ def _create_claimed(engine, storage, token: int):
         engine._raise_status(status)
 
 
-def create(engine, storage, token: int):
+def create(engine, storage, token: int, stores_later: bool = False):
     """Creates and fills ``engine``'s table's data segment for ``storage`` under the
     name of ``token`` (the caller's claim, see ``TableEngine.define_storage``); returns
     ``(segment, plan, generation)`` for the engine to map.
@@ -159,8 +161,11 @@ def create(engine, storage, token: int):
     blob = cloudpickle.dumps(storage)
     plan = L.plan_data(storage, engine.capacity, len(blob))
     name = L.data_segment_name(engine.buffer_name, engine.index, token)
+    # A restore fills the stores as a second thread reserves them: reserving first (it
+    # zeroes every page) made restoring a checkpoint of frames 40% slower.
+    later = (plan.stores[0], plan.forms) if stores_later and plan.stores else None
     segment = _segment.Segment.create(name, plan.total_bytes, access.mode, access.group,
-                                      f"the data segment of table '{engine.name}'")
+                                      f"the data segment of table '{engine.name}'", later)
     generation = int(engine.ctrl[L.C_LAYOUT_GEN])  # (stable: the layout is not ready)
     try:
         header = L.data_header_view(segment.buf)

@@ -146,8 +146,9 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
 
     def _create_data_segment(self, storage):
         """Creates, fills and maps this table's data segment for ``storage`` (the
-        Server's restore, before any other process can see the table)."""
-        _data_segment.define(self, storage, 0)
+        Server's restore, before any other process can see the table). Its stores are
+        reserved in a second thread meanwhile: see ``_ops.restore``."""
+        _data_segment.define(self, storage, 0, stores_later=True)
 
     def _attach_data_segment(self) -> bool:
         """Maps the data segment another process created, once validated; False if it

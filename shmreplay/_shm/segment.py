@@ -17,8 +17,9 @@ import errno
 import mmap
 import os
 import stat as _stat
+import threading
 import warnings
-from typing import Optional, Set
+from typing import Optional, Set, Tuple
 
 import posix_ipc
 
@@ -73,9 +74,12 @@ class Segment:
     gid = None
     mode = None
 
+    reservation = None  # a ``Reservation`` still running (``create(..., later=...)``)
+
     @classmethod
     def create(cls, name: str, size: int, mode: int = PRIVATE_MODE,
-               group: Optional[int] = None, what: str = "segment") -> "Segment":
+               group: Optional[int] = None, what: str = "segment",
+               later: Optional[Tuple[int, int]] = None) -> "Segment":
         """Creates and maps a new zero-filled segment with all its memory reserved;
         fails if the name exists.
 
@@ -90,6 +94,11 @@ class Segment:
           mode: Its permission bits, set exactly (the process umask does not apply).
           group: The gid to give it; ``None`` keeps the creating process's.
           what: What the segment is, for error messages (``"buffer 'x'"``).
+          later: ``(start, end)``: bytes reserved by a second thread meanwhile, not
+            before this returns (a restore fills them). The caller writes there only
+            through the kernel (``preadv``, which fails with EFAULT where a write would
+            raise SIGBUS) or after ``wait_reserved``, and calls it before any other
+            process may see the segment.
 
         Raises:
           FileExistsError: if a segment of ours has this name.
@@ -110,7 +119,13 @@ class Segment:
             os.fchmod(shm.fd, mode)  # the process umask must not widen or narrow it
             if group is not None and os.fstat(shm.fd).st_gid != group:
                 os.fchown(shm.fd, -1, group)
-            _reserve(shm.fd, size, name, what)
+            if later is None:
+                _reserve(shm.fd, 0, size, name, what)
+            else:
+                _reserve(shm.fd, 0, later[0], name, what)
+                _reserve(shm.fd, later[1], size - later[1], name, what)
+                self.reservation = Reservation(shm.fd, later[0], later[1] - later[0],
+                                               name, what)
             stat = os.fstat(shm.fd)
             self.uid, self.gid, self.mode = stat.st_uid, stat.st_gid, stat.st_mode & 0o777
             self.inode = stat.st_ino
@@ -161,6 +176,16 @@ class Segment:
         finally:
             os.close(fd)
         return self
+
+    def wait_reserved(self):
+        """Waits until every page of the segment is reserved (see ``create``).
+
+        Raises:
+          SharedMemoryFullError: if /dev/shm filled up meanwhile.
+        """
+        reservation, self.reservation = self.reservation, None
+        if reservation is not None:
+            reservation.wait()
 
     def close(self):
         """Unmaps this process's view. Views into ``buf`` must have been dropped."""
@@ -306,14 +331,17 @@ def check_free_space(size: int, name: str, what: str):
         raise _full(size, free, name, what)
 
 
-def _reserve(fd: int, size: int, name: str, what: str):
-    """Allocates every page of the segment now, so that no later write can fail.
-    Costs the time to zero ``size`` bytes (docs/performance.md)."""
+def _reserve(fd: int, start: int, length: int, name: str, what: str):
+    """Allocates every page of bytes ``start .. start + length`` of the segment now, so
+    that no later write there can fail. Costs the time to zero them
+    (docs/performance.md)."""
+    if length <= 0:
+        return
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, start, length)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-            raise _full(size, free_bytes(), name, what) from exc
+            raise _full(start + length, free_bytes(), name, what) from exc
         if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             raise
         # (A filesystem without fallocate: pages are allocated on first write.)
@@ -389,3 +417,34 @@ def resident_bytes(name: str) -> int:
         return os.stat(SHM_DIR + name).st_blocks * 512  # Linux maps POSIX shm there
     except OSError:
         return 0
+
+
+class Reservation:
+    """``_reserve`` of a range in a second thread (``Segment.create(..., later=...)``),
+    in steps of ``_STEP`` bytes: tmpfs holds the file's lock for a whole call, and the
+    caller's own reservations and page faults must not wait for all of it."""
+
+    _STEP = 64 << 20
+
+    def __init__(self, fd: int, start: int, length: int, name: str, what: str):
+        self._fd = os.dup(fd)  # (the creator closes its own as soon as it has mapped)
+        self._failure = None
+        args = (start, length, name, what)
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True,
+                                        name="shmreplay-reserve")
+        self._thread.start()
+
+    def _run(self, start, length, name, what):
+        try:
+            for offset in range(start, start + length, self._STEP):
+                _reserve(self._fd, offset, min(self._STEP, start + length - offset),
+                         name, what)
+        except BaseException as exc:  # (raised by ``wait``, in the caller's thread)
+            self._failure = exc
+        finally:
+            os.close(self._fd)
+
+    def wait(self):
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure

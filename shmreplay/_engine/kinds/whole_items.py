@@ -56,5 +56,6 @@ class WholeItems(StorageKind):
         for index, column in enumerate(self.engine.columns):
             if isinstance(rows, slice):  # (one run of slots: read straight into it)
                 saved.read_into(f"store{index}", column[rows])
-            else:
+            else:  # (a memory write: only once every page is reserved, see _ops.restore)
+                self.engine.data_segment.wait_reserved()
                 column[rows] = saved.array(f"store{index}")

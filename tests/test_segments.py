@@ -305,23 +305,25 @@ def _checkpoint_with_frames(name, path):
         client.close()
 
 
-def _in_reserving_thread():
+def _in_the_reserving_thread(monkeypatch, action):
+    """Runs ``action()`` before each ``posix_fallocate`` of a restore's second thread."""
     import threading
-    return threading.current_thread().name == "shmreplay-reserve"
+    fallocate = os.posix_fallocate
+
+    def patched(fd, offset, length):
+        if threading.current_thread().name == "shmreplay-reserve":
+            action()
+        return fallocate(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", patched)
 
 
 def test_a_restored_table_is_served_only_once_every_page_is_reserved(
         buffer_name, tmp_path, monkeypatch):
     path = str(tmp_path / "frames.ckpt")
     _checkpoint_with_frames(buffer_name, path)
-    fallocate = os.posix_fallocate
-
-    def slow_in_the_thread(fd, offset, length):
-        if _in_reserving_thread():
-            time.sleep(0.5)  # a Server that did not wait would be served before this
-        return fallocate(fd, offset, length)
-
-    monkeypatch.setattr(os, "posix_fallocate", slow_in_the_thread)
+    # A Server that did not wait would be served before these sleeps end.
+    _in_the_reserving_thread(monkeypatch, lambda: time.sleep(0.5))
     with shmreplay.Server(name=buffer_name + "-r", checkpoint=path) as server:
         for entry in _peek.segments_of(server.name):
             info = os.stat(_shm(entry))
@@ -337,14 +339,11 @@ def test_dev_shm_filling_up_during_a_restore_is_a_typed_error(
     import errno
     path = str(tmp_path / "frames.ckpt")
     _checkpoint_with_frames(buffer_name, path)
-    fallocate = os.posix_fallocate
 
-    def full_in_the_thread(fd, offset, length):
-        if _in_reserving_thread():
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return fallocate(fd, offset, length)
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "posix_fallocate", full_in_the_thread)
+    _in_the_reserving_thread(monkeypatch, full)
     with pytest.raises(errors.SharedMemoryFullError, match="data segment of table 'frames'"):
         shmreplay.Server(name=buffer_name + "-r", checkpoint=path)
     assert _peek.segments_of(buffer_name + "-r") == []

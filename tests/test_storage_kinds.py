@@ -12,6 +12,7 @@ INTERFACE = [name for name, value in vars(base.StorageKind).items()
 
 def test_every_kind_provides_the_whole_interface():
     assert INTERFACE  # the scan found the methods
+    assert set(INTERFACE) == set(base.StorageKind.__abstractmethods__)
     for kind in (whole_items.WholeItems, step_refs.StepRefs):
         missing = [name for name in INTERFACE
                    if getattr(kind, name) is getattr(base.StorageKind, name)]

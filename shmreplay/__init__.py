@@ -19,7 +19,7 @@ the modules ``shmreplay.tf`` and ``shmreplay.jax``, imported only when asked for
 
 from shmreplay import errors, rate_limiters, selectors
 from shmreplay.errors import DeadlineExceededError, ShmReplayError
-from shmreplay.replay_sample import ReplaySample, SampleInfo, TableInfo
+from shmreplay.replay_sample import PaddedSample, ReplaySample, SampleInfo, TableInfo
 from shmreplay.specs import TensorSpec
 from shmreplay.table import Table
 
@@ -66,7 +66,7 @@ def __dir__():
 
 
 __all__ = [
-    "Client", "DeadlineExceededError", "ReplaySample", "ReverbError", "SampleInfo", "Server",
+    "Client", "DeadlineExceededError", "PaddedSample", "ReplaySample", "ReverbError", "SampleInfo", "Server",
     "ShmReplayError", "Table", "TableInfo", "TensorSpec", "TrajectoryColumn",
     "TrajectoryWriter", "Writer", "checkpointers", "errors", "rate_limiters", "selectors",
     "warm_up",

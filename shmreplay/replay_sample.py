@@ -89,6 +89,24 @@ class ReplaySample(NamedTuple):
     data: Any
 
 
+class PaddedSample(ReplaySample):
+    """A batch of items of any length (``Client.sample_batch`` of a table whose
+    signature has a ``None`` time dimension): still ``(info, data)``, where each column
+    of ``data`` is padded with zeros to the longest item of the batch, and ``lengths``
+    is a nest like ``data`` of int64 arrays ``[B]``: each item's length in that column
+    (1 for a column without a time dimension). ``mask(lengths)`` turns one into a
+    ``[B, T]`` boolean mask.
+    """
+
+    lengths: Any = None  # (an instance attribute: a NamedTuple subclass has no fields)
+
+    @staticmethod
+    def mask(lengths: np.ndarray, width: Optional[int] = None) -> np.ndarray:
+        """``[B, width]`` True where a step is an item's own (not padding)."""
+        width = int(lengths.max(initial=0)) if width is None else int(width)
+        return np.arange(width)[None, :] < np.asarray(lengths)[:, None]
+
+
 class _Message:
     """Proto-style reading for the info records: ``HasField`` answers for their
     sub-message fields, and a scalar field raises ``ValueError`` as a proto3 message's

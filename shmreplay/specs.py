@@ -23,7 +23,8 @@ class TensorSpec:
     """Shape and dtype of one column, for users without TensorFlow.
 
     Args:
-      shape: A tuple of non-negative ints (``()`` for a scalar).
+      shape: A tuple of non-negative ints (``()`` for a scalar); a table signature's
+        leading dimension may be None: items of any length (``docs/writers.md``).
       dtype: Anything ``numpy.dtype`` accepts.
       name: Optional, for display only (not compared).
       from_tf: Whether the user gave a ``tf.TensorSpec`` here (``TableInfo.signature``
@@ -36,7 +37,8 @@ class TensorSpec:
     from_tf: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "shape", tuple(None if d is None else int(d)
+                                                for d in self.shape))
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
 
 
@@ -72,18 +74,28 @@ def to_numpy_dtype(dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
-def to_shape(shape, where: str) -> Tuple[int, ...]:
+def to_shape(shape, where: str, time_may_vary: bool = False) -> Tuple[int, ...]:
     """Converts a tuple, list or ``tf.TensorShape`` to a tuple of ints.
 
+    ``time_may_vary``: the first dimension may be None (a signature's time dimension:
+    items of any length).
+
     Raises:
-      ValueError: if a dimension is unknown (``None``); columns have fixed shapes.
+      SchemaError: if a dimension is unknown (``None``) where it may not be.
     """
     as_list = getattr(shape, "as_list", None)  # tf.TensorShape
     dims = as_list() if as_list is not None else list(shape)
-    if any(d is None for d in dims):
+    if any(d is None for d in dims[1 if time_may_vary else 0:]):
         raise errors.SchemaError(
-            f"{where}: shape {tuple(dims)} has an unknown dimension; columns need fixed shapes.")
-    return tuple(int(d) for d in dims)
+            f"{where}: shape {tuple(dims)} has an unknown dimension after the first; "
+            "columns need fixed shapes, except for the time dimension of a signature "
+            "(the first, None for items of any length).")
+    return tuple(None if d is None else int(d) for d in dims)
+
+
+def varies_in_time(spec) -> bool:
+    """Whether a signature spec takes items of any length (its first dimension is None)."""
+    return bool(spec.shape) and spec.shape[0] is None
 
 
 def normalize_signature(signature, table: str):
@@ -104,7 +116,7 @@ def normalize_signature(signature, table: str):
                 "(expected a TensorSpec or anything with .shape and .dtype).")
         where = f"Table '{table}', column {path}"
         name = getattr(leaf, "name", None)
-        spec = TensorSpec(to_shape(leaf.shape, where), to_numpy_dtype(leaf.dtype),
+        spec = TensorSpec(to_shape(leaf.shape, where, True), to_numpy_dtype(leaf.dtype),
                           name if isinstance(name, str) else None, _from_tf(leaf))
         check_storable_dtype(spec.dtype, where)
         specs.append(spec)

@@ -11,6 +11,7 @@ MAX_TABLE_NAME = 64
 # The largest max_size: a table's slot records and sum-trees are addressed with int64
 # byte offsets, and attaching refuses a configuration beyond this.
 MAX_SIZE = (1 << 40) - 1
+MAX_STEPS = (1 << 30) - 1  # step rows are int32 indices (``_schema.storage.MAX_POOL``)
 
 
 def validate_name(name, what: str, max_len: int) -> str:
@@ -47,6 +48,12 @@ class Table:
         returns the item.
       signature: Optional nest of specs (``TensorSpec``, ``tf.TensorSpec``, ...) fixing
         each column's shape and dtype. Without one, the first inserted item fixes them.
+        A ``None`` first (time) dimension takes writer items of any length there.
+      max_steps: shmreplay's own, for a signature with a ``None`` time dimension: how
+        many distinct steps the table's shared memory holds (None: room for
+        ``max_size`` items as long as the first, and at least 16 MiB of steps). An
+        item that does not fit makes the remover evict items, as ``max_size`` does
+        (``docs/writers.md``).
 
     Raises:
       ValueError: on an invalid name, a ``max_size`` outside 1 .. 2**40 - 1, a
@@ -62,7 +69,7 @@ class Table:
     def __init__(self, name: str, sampler: selectors.ItemSelector,
                  remover: selectors.ItemSelector, max_size: int,
                  rate_limiter: rate_limiters.RateLimiter, max_times_sampled: int = 0,
-                 extensions=(), signature=None):
+                 extensions=(), signature=None, *, max_steps: Optional[int] = None):
         self.name = validate_name(name, "Table", MAX_TABLE_NAME)
         for arg, value in (("sampler", sampler), ("remover", remover)):
             if not isinstance(value, selectors.ItemSelector):
@@ -74,6 +81,9 @@ class Table:
                 f"got {rate_limiter!r}.")
         _check_integer(name, "max_size", max_size, 1, MAX_SIZE)
         _check_integer(name, "max_times_sampled", max_times_sampled, -2**63, 2**63 - 1)
+        if max_steps is not None:
+            _check_integer(name, "max_steps", max_steps, 1, MAX_STEPS)
+        self.max_steps = None if max_steps is None else int(max_steps)
         if extensions:
             raise ValueError(f"Table '{name}': table extensions are not supported by shmreplay.")
         self.sampler = sampler

@@ -51,6 +51,16 @@ def repeat(name, table, op, ready, go, acks, count):
             keys = [int(k) for k in batch.info.key]
             client.mutate_priorities(table, updates={k: 0.5 + j for j, k in enumerate(keys)},
                                      deletes=keys[:1])
+        elif op == "writer_any_length":  # items of 1..5 steps into a None-time table
+            with client.trajectory_writer(5) as writer:
+                for t in range(6):
+                    value = base + i + t
+                    writer.append({"x": np.full(8, float(value)), "v": np.int64(value)})
+                    length = 1 + (i + t) % 5
+                    if t + 1 >= length:
+                        writer.create_item(table, 1.0, {"x": writer.history["x"][-length:],
+                                                        "v": writer.history["v"][-length:]})
+            i += 6
         elif op == "writer":
             with client.trajectory_writer(3) as writer:
                 for t in range(6):

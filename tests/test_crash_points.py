@@ -196,6 +196,28 @@ def test_writer_killed_inside_reserve_item(buffer_name):
         client.close()
 
 
+def test_writer_of_items_of_any_length_killed_inside_reserve_item(buffer_name):
+    """The pool's chains and the rows' counts are rebuilt from the slots alone."""
+    signature = {"x": shmreplay.TensorSpec((None, 8), np.float64),
+                 "v": shmreplay.TensorSpec((None,), np.int64)}
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 50,
+                            rate_limiters.MinSize(1), signature=signature)
+    with shmreplay.Server([table], name=buffer_name) as server:
+        client = server.localhost_client()
+        _write_steps(client, range(100, 110))
+        Victim(server, CW.repeat, "writer_any_length", point=codes.STOP_RESERVE_ITEM)
+        assert client.verify("t") == []  # row counts and free blocks were rebuilt
+        started = time.monotonic()
+        batch = client.sample_batch("t", 64, timeout=1)
+        for values, x, length in zip(batch.data["v"], batch.data["x"], batch.lengths["v"]):
+            assert (np.diff(values[:length]) == 1).all()  # contiguous steps, nothing torn
+            assert (x[:length] == values[:length, None]).all() and (x[length:] == 0).all()
+        _write_steps(client, range(3))  # and writers still work
+        assert time.monotonic() - started < 1.0
+        assert client.verify("t") == []
+        client.close()
+
+
 def _write_steps(client, values):
     """Items of 3 consecutive steps over ``values``, through a TrajectoryWriter."""
     with client.trajectory_writer(3) as writer:

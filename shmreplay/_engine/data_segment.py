@@ -125,7 +125,8 @@ def _create_claimed(engine, storage, token: int, stores_later: bool = False):
     try:
         engine._map_columns(segment, storage, plan, generation)
         status = _lock_waits.call(engine, None, None, "insert", creation.finish, token,
-                                  int(storage.steps), plan.row_capacity, plan.width)
+                                  int(storage.steps), plan.row_capacity, plan.width,
+                                  len(storage.columns) if storage.variable else 0)
     finally:
         if status != 1:
             # Stopped meanwhile (the owner may have unlinked the names already), or
@@ -268,27 +269,10 @@ def attach(engine):
                         and isinstance(spec.shape, tuple)
                         and all(type(d) is int and d >= 0 for d in spec.shape)):
                     raise TypeError(f"an invalid store {spec!r}")
+            if type(storage.variable) is not bool or (storage.variable and not storage.steps):
+                raise TypeError("an invalid storage kind")
             if storage.steps:
-                # Each item column reads ``length`` rows of one store: its spec must be
-                # that store's cell, with a time dimension unless squeezed.
-                offset, columns = 0, storage.columns
-                if (len(columns) != len(column_specs)
-                        or len(storage.store_sources) != len(stores)):
-                    raise TypeError("columns that do not match its signature")
-                for column, spec in zip(columns, column_specs):
-                    if (type(column) is not _storage.ColumnRefs
-                            or type(column.store) is not int or type(column.length) is not int
-                            or type(column.squeeze) is not bool
-                            or type(column.offset) is not int
-                            or not 0 <= column.store < len(stores) or column.length < 1
-                            or column.offset != offset
-                            or (column.squeeze and column.length != 1)):
-                        raise TypeError(f"an invalid column {column!r}")
-                    cell = stores[column.store]
-                    shape = cell.shape if column.squeeze else (column.length,) + cell.shape
-                    if tuple(spec.shape) != shape or np.dtype(spec.dtype) != cell.dtype:
-                        raise TypeError(f"a column {spec!r} its store {cell!r} cannot hold")
-                    offset += column.length
+                _check_step_columns(storage, column_specs, engine.capacity)
             elif list(stores) != list(column_specs):
                 raise TypeError("stores that do not match its signature")
             plan = L.plan_data(storage, engine.capacity, length)
@@ -314,3 +298,38 @@ def attach(engine):
         segment.close()
         raise
     return segment, storage, plan, generation
+
+
+def _check_step_columns(storage, column_specs, capacity: int):
+    """Raises TypeError unless step storage's columns fit its signature and stores: each
+    item column reads ``length`` rows of one store (any number when items have any
+    length and its spec's time dimension is None), so its spec must be that store's
+    cell, with a time dimension unless squeezed."""
+    stores = storage.store_specs
+    offset, columns = 0, storage.columns
+    if len(columns) != len(column_specs) or len(storage.store_sources) != len(stores):
+        raise TypeError("columns that do not match its signature")
+    variable = storage.variable
+    if variable and not (
+            all(type(n) is int for n in (storage.row_budget, storage.pool_blocks,
+                                         storage.block_width))
+            and 0 < storage.row_budget <= _storage.MAX_POOL
+            and capacity <= storage.pool_blocks <= _storage.MAX_POOL - capacity
+            and len(columns) + 2 <= storage.block_width <= 1024):
+        raise TypeError("an invalid reference pool")
+    for column, spec in zip(columns, column_specs):
+        if (type(column) is not _storage.ColumnRefs
+                or type(column.store) is not int or type(column.length) is not int
+                or type(column.squeeze) is not bool
+                or type(column.offset) is not int
+                or not 0 <= column.store < len(stores)
+                or column.length < (0 if variable else 1)
+                or column.offset != (0 if variable else offset)
+                or (column.squeeze and column.length != 1)):
+            raise TypeError(f"an invalid column {column!r}")
+        cell = stores[column.store]
+        length = None if column.length == 0 else column.length
+        shape = cell.shape if column.squeeze else (length,) + cell.shape
+        if tuple(spec.shape) != shape or np.dtype(spec.dtype) != cell.dtype:
+            raise TypeError(f"a column {spec!r} its store {cell!r} cannot hold")
+        offset += column.length

@@ -188,11 +188,20 @@ class Inserting:
         See ``kernels.reserve_item``. Returns ``(slot, rows, fresh)``: the row of each
         distinct step, and whether it is new (to be written by the caller).
         """
-        if ref_steps.shape[0] != self.refs.shape[1] or not 0 < known_rows.shape[0] <= len(ref_steps):
-            raise ValueError(f"Table '{self.name}': an item of step storage needs "
-                             f"{self.refs.shape[1]} references (got {ref_steps.shape[0]}) over "
-                             f"1..{ref_steps.shape[0]} distinct steps (got {known_rows.shape[0]}).")
         distinct = known_rows.shape[0]
+        if self.storage.variable:  # (the item's column lengths come first)
+            columns = len(self.storage.columns)
+            wanted = columns + int(ref_steps[:columns].sum())
+            ok = (ref_steps.shape[0] == wanted and ref_steps[:columns].min() >= 0
+                  and 0 < distinct and ref_steps[columns:].max(initial=0) < distinct)
+        else:
+            wanted = self.refs.shape[1]
+            ok = (ref_steps.shape[0] == wanted and 0 < distinct <= len(ref_steps)
+                  and ref_steps.max(initial=0) < distinct)
+        if not ok or ref_steps.min(initial=0) < 0:
+            raise ValueError(f"Table '{self.name}': an item of step storage needs "
+                             f"{wanted} references (got {ref_steps.shape[0]}) over "
+                             f"1..{ref_steps.shape[0]} distinct steps (got {distinct}).")
         rows = np.empty(distinct, np.int64)
         fresh = np.empty(distinct, np.int64)
         stamp = _STAMP[0]

@@ -18,7 +18,7 @@ from shmreplay._shm import lock_waits as _lock_waits
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._shm.procs import STAMP as _STAMP
-from shmreplay.replay_sample import ReplaySample, SampleInfo
+from shmreplay.replay_sample import PaddedSample, ReplaySample, SampleInfo
 
 
 class Sampling:
@@ -99,7 +99,12 @@ class Sampling:
         info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
                           out_i[kernels.OUT_TABLE_SIZE], out_f[kernels.OUT_PRIORITY],
                           out_i[kernels.OUT_TIMES].astype(np.int32))
-        return ReplaySample(info, self._unflatten(data))
+        lengths = getattr(data, "lengths", None)
+        if lengths is None:
+            return ReplaySample(info, self._unflatten(data))
+        padded = PaddedSample(info, self._unflatten(data))  # items of any length
+        padded.lengths = self._unflatten(list(lengths[:count].T))
+        return padded
 
     def _complete(self, batch_size, count, out_i, out_f, out_gens, io, deadline, gather):
         """Finishes a draw whose first kernel call returned ``count``: waits if it was
@@ -119,7 +124,9 @@ class Sampling:
                 drained += more
             slots = out_i[kernels.OUT_SLOT, :count]
             data = gather(slots)
-            if self.ctrl.item(L.C_RESERVES) != reserves:  # slots or rows reused: check ours
+            # Slots or rows reused: check ours. (A pooled item's chain is torn by its
+            # removal alone, which need not reserve anything: always checked.)
+            if self.ctrl.item(L.C_RESERVES) != reserves or self.storage.variable:
                 torn = np.empty(count, np.int64)
                 torn_count = kernels.torn_rows(self.meta, self.refs, self.rows, slots,
                                                out_i[kernels.OUT_VERSION, :count],
@@ -214,6 +221,5 @@ class Sampling:
             out_i[:, row] = new_i[:, 0]
             out_f[:, row] = new_f[:, 0]
             out_gens[row] = new_gens[0]
-            for column, value in zip(data, values):
-                column[row] = value[0]
+            self.kind.put_row(data, row, values)
         return drained

@@ -237,6 +237,11 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
           SchemaError: if a leaf's dtype cannot be stored.
         """
         if self.config.signature is not None:
+            if any(None in spec.shape for spec in self.config.column_specs):
+                raise errors.SchemaError(
+                    f"Table '{self.name}': its signature has a None (any length) time "
+                    "dimension, so its items come from a writer (Client.trajectory_writer, "
+                    "Client.writer); Client.insert cannot define its storage.")
             return _storage.whole_items(self.config.signature)
         paths = specs.path_strings(treedef)
         column_specs = []

@@ -23,6 +23,13 @@ class Waiting:
 
     def _raise_status(self, status):
         if status == codes.NO_ROWS:
+            if self.storage.variable:
+                raise errors.SchemaError(
+                    f"Table '{self.name}': the item needs more steps or references than "
+                    f"the table's whole step budget ({self.ctrl[L.C_ROW_CAPACITY]} steps, "
+                    f"{self.storage.pool_blocks * (self.storage.block_width - 1)} "
+                    "references) even with every other item evicted; nothing was stored. "
+                    "Give the Table a larger max_steps (docs/writers.md).")
             raise errors.SchemaError(
                 f"Table '{self.name}': an item references more distinct steps than its step "
                 f"storage can hold ({self.ctrl[L.C_ROW_CAPACITY]} rows, sized for "

@@ -119,8 +119,19 @@ def check_table(path: str, size: int, table, version: int):
                            for spec in storage.store_specs]
         except Exception as exc:
             raise corrupt("has an invalid storage description") from exc
-        if storage.steps:
+        if storage.steps and getattr(storage, "variable", False):
+            # Items of any length: their column lengths, then all their references.
+            expected["lengths"] = (np.dtype(np.int32), (n, len(storage.columns)))
+            try:
+                total = table.layout["refs"][2][0]
+            except Exception:
+                total = None
+            if type(total) is not int or total < 0:
+                raise corrupt("has no valid references")
+            expected["refs"] = (np.dtype(np.int32), (total,))
+        elif storage.steps:
             expected["refs"] = (np.dtype(np.int32), (n, storage.width))
+        if storage.steps:
             try:  # the steps stored: every store holds as many
                 stored = table.layout["store0"][2][0]
             except Exception:

@@ -98,6 +98,11 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
         except errors.SchemaError:  # they do not match either: the structure is the news
             raise _structure_error(table, treedef, expected_treedef, column_specs) from None
     if engine.has_columns():
+        if engine.storage.variable:
+            raise errors.SchemaError(
+                f"Table '{table}' holds items of any length (its signature has a None time "
+                "dimension), written by a writer: insert its items with "
+                "Client.trajectory_writer or Client.writer, not Client.insert.")
         kinds = _item_forms.column_kinds(engine)
     else:  # the first item defines whole items of the signature's (or its own) shapes
         kinds = [(_item_forms.WHOLE, tuple(spec.shape)) for spec in column_specs]

@@ -39,7 +39,7 @@ def check_rows_fit(engine, storage, columns: list):
     shared = {ref.uid for column in columns if column.source is not None
               for ref in column.refs}
     needed = len(shared) + sum(len(c.refs) for c in columns if c.source is None)
-    rows = engine.capacity * storage.steps_per_item
+    rows = storage.row_capacity(engine.capacity)
     if needed > rows:
         raise errors.SchemaError(
             f"Table '{engine.name}': the item references {needed} distinct steps, more "
@@ -88,22 +88,32 @@ def validate_item(engine, treedef, columns: list, paths: list[str],
         return None
     # Only the signature so far: the item defines step storage in the signature's layout.
     lengths, squeezes = [], []
-    for spec, want, path, column in zip(got, expected_specs, paths, columns):
+    variable = [specs.varies_in_time(want) for want in expected_specs]
+    for spec, want, path, column, any_length in zip(got, expected_specs, paths, columns,
+                                                    variable):
         cell = column.refs[0].value.shape
         length, squeeze = len(column.refs), column.squeeze
         if spec.dtype == want.dtype and length == 1 and want.shape in (cell, (1,) + cell):
             squeeze = want.shape == cell  # the signature's form of a one-step column
         elif spec.dtype != want.dtype or not (
                 spec.shape == want.shape
+                or (any_length and not squeeze and spec.shape[1:] == want.shape[1:])
                 or (per_step and not squeeze and spec.shape[1:] == want.shape)):
             raise _mismatch(table, path, spec, want)
         lengths.append(length)
         squeezes.append(squeeze)
-    stored = [specs.TensorSpec(cell.shape if squeeze else (length,) + cell.shape, cell.dtype)
-              for cell, length, squeeze in zip(_cells(columns), lengths, squeezes)]
-    return _storage.step_storage(specs.optree.tree_unflatten(expected_treedef, stored),
-                                 _cells(columns), lengths, squeezes,
-                                 [c.source for c in columns])
+    stored = [specs.TensorSpec(cell.shape if squeeze
+                               else (None if any_length else length,) + cell.shape, cell.dtype)
+              for cell, length, squeeze, any_length
+              in zip(_cells(columns), lengths, squeezes, variable)]
+    storage = _storage.step_storage(specs.optree.tree_unflatten(expected_treedef, stored),
+                                    _cells(columns), lengths, squeezes,
+                                    [c.source for c in columns])
+    if not any(variable):
+        return storage
+    distinct = len({ref.uid for column in columns for ref in column.refs})
+    return _storage.variable_step_storage(storage, engine.capacity, distinct, sum(lengths),
+                                          getattr(engine.config, "max_steps", None))
 
 
 def item_form(engine, columns: list, got, paths) -> int:

@@ -72,6 +72,9 @@ def flip_bit(kind, shape, reverb_shape):
     its usual view, 1 if as the flipped one, None if it does not fit."""
     if tuple(reverb_shape) == usual_view(kind, shape):
         return 0
+    if (kind == SEQUENCE and shape[0] is None and len(reverb_shape) == len(shape)
+            and tuple(reverb_shape[1:]) == shape[1:]):
+        return 0  # a column of any length (``docs/writers.md``)
     if tuple(reverb_shape) == flipped_view(kind, shape):
         return 1
     return None
@@ -139,6 +142,10 @@ def reverb_columns(engine, batch) -> list:
             out.append(leaf[0, ...] if flipped else leaf)
         else:
             out.append(leaf)
+    lengths = getattr(batch, "lengths", None)
+    if lengths is not None:  # items of any length: each column at its own length
+        out = [column[:int(length[0])]
+               for column, length in zip(out, specs.flatten(lengths)[0])]
     return out
 
 

@@ -11,12 +11,21 @@ A table's storage is fixed by its first item (see ``TableEngine.define_storage``
   Columns that read the same writer field (e.g. ``observation`` at t and at t+n) share
   a store.
 
+* **Steps of items of any length** (a signature with a ``None`` time dimension): as
+  steps, but each item's references sit in a chain of blocks of a shared pool
+  (``shmreplay._shm.kernels.refpool``), so items of a table may have any length, each
+  column its own. The row space and the pool are sized by a budget (``step_budget``):
+  an item that does not fit makes the remover evict items, as ``max_size`` does.
+
 The description is pickled into the data segment's header, so every process reads the
 same one.
 """
 
 import dataclasses
+import math
 from typing import Any, Optional, Tuple
+
+import numpy as np
 
 from shmreplay import specs
 
@@ -26,7 +35,7 @@ class ColumnRefs:
     """How one item column is stored in step storage."""
 
     store: int        # the store holding its steps
-    length: int       # how many steps it references (1 when squeezed)
+    length: int       # how many steps it references (1 when squeezed; 0: any number)
     squeeze: bool     # True: the column is one step, without a time dimension
     offset: int       # where its references start in the item's row of ``refs``
 
@@ -38,16 +47,29 @@ class Storage:
     store_specs: Tuple[Any, ...]      # TensorSpec per store (a step's shape for steps)
     store_sources: Tuple[Optional[str], ...] = ()  # the writer field each store holds
     columns: Tuple[ColumnRefs, ...] = ()
+    # Items of any length (``refpool``): the rows, the pool's blocks and their width.
+    variable: bool = False
+    row_budget: int = 0
+    pool_blocks: int = 0
+    block_width: int = 0
 
     @property
     def width(self) -> int:
-        """References per item."""
+        """References per item (per pool block when items have any length)."""
+        if self.variable:
+            return self.block_width
         return sum(c.length for c in self.columns) if self.steps else 0
 
     @property
     def steps_per_item(self) -> int:
         """The most distinct steps one column references (sizes the row space)."""
         return max(c.length for c in self.columns) if self.steps else 1
+
+    def row_capacity(self, capacity: int) -> int:
+        """Rows of each store, for a table of ``capacity`` slots."""
+        if self.variable:
+            return self.row_budget
+        return capacity * self.steps_per_item if self.steps else capacity
 
     @property
     def column_specs(self):
@@ -74,3 +96,43 @@ def step_storage(signature, cells, lengths, squeezes, sources) -> Storage:
         columns.append(ColumnRefs(stores[key], int(length), bool(squeeze), offset))
         offset += int(length)
     return Storage(signature, True, tuple(store_specs), tuple(store_sources), tuple(columns))
+
+
+# The least memory the steps of a table of items of any length get by default: a table
+# of a few short first items still takes long ones without evicting.
+STEP_FLOOR_BYTES = 16 << 20
+MAX_POOL = (1 << 30) - 1  # blocks and rows are int32 indices (see ``refpool.MARK``)
+
+
+def variable_step_storage(storage: Storage, capacity: int, distinct: int, references: int,
+                          max_steps=None) -> Storage:
+    """``storage`` (from ``step_storage``, with a length per column) made one of items
+    of any length: each column of ``signature`` whose time dimension is ``None`` takes
+    any number of steps.
+
+    The budget: ``max_steps`` rows if given, else room for ``capacity`` items like the
+    first one (``distinct`` steps, ``references`` references), and at least
+    ``STEP_FLOOR_BYTES`` of steps; the pool holds as many references per row as the
+    first item has, twice over, and a block per slot.
+    """
+    column_specs = specs.flatten(storage.signature)[0]
+    columns = tuple(
+        dataclasses.replace(column, length=0, offset=0)
+        if (not column.squeeze and spec.shape and spec.shape[0] is None)
+        else dataclasses.replace(column, offset=0)
+        for column, spec in zip(storage.columns, column_specs))
+    step_bytes = max(1, sum(int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
+                            for spec in storage.store_specs))
+    distinct = max(1, distinct)
+    if max_steps is None:
+        rows = max(capacity * distinct, STEP_FLOOR_BYTES // step_bytes)
+    else:
+        rows = int(max_steps)
+    rows = min(rows, MAX_POOL)
+    block_width = max(16, -(-(len(columns) + 2) // 8) * 8)
+    per_block = block_width - 1
+    references = max(1, references)
+    refs = math.ceil(2 * rows * references / distinct)
+    blocks = min(capacity + -(-refs // per_block), MAX_POOL - capacity)
+    return dataclasses.replace(storage, columns=columns, variable=True, row_budget=rows,
+                               pool_blocks=blocks, block_width=block_width)

@@ -58,8 +58,9 @@ from shmreplay._shm.kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 6  # 4: the episodes array; 5: item forms and layout stamps; 6: segment
-# names, and writer stamps and the owner carry their pid namespace (``shmreplay._shm.procs``)
+LAYOUT_VERSION = 7  # 4: the episodes array; 5: item forms and layout stamps; 6: segment
+# names, and writer stamps and the owner carry their pid namespace (``shmreplay._shm.procs``);
+# 7: the reference pool of items of any length (``kernels.refpool``)
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -127,7 +128,11 @@ MUTEX_WORDS = 8
  # The data segment's creation (``shmreplay._engine.data_segment``): the random token in its
  # name, and the process creating it now (0 once it is made). Others wait while that
  # process lives and take over only once it is dead (pid and start time, never a delay).
- C_DATA_TOKEN, C_CREATOR_PID, C_CREATOR_START) = range(MUTEX_WORDS, MUTEX_WORDS + 50)
+ C_DATA_TOKEN, C_CREATOR_PID, C_CREATOR_START,
+ # Variable-length step references (``shmreplay._shm.kernels.refpool``): the item
+ # columns each slot head records, and the block pool's free stack; 0 otherwise.
+ C_REF_COLUMNS, C_BLOCK_FREE_HEAD, C_BLOCK_FREE_TOP, C_BLOCK_FRESH) = range(
+     MUTEX_WORDS, MUTEX_WORDS + 54)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
@@ -273,6 +278,7 @@ class DataPlan:
     stores: List[int]      # byte offset of each store
     total_bytes: int
     forms: int = 0         # byte offset of the int64 [capacity, 2] item forms
+    pool_blocks: int = 0   # blocks after the slot heads in ``refs`` (items of any length)
 
 
 def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
@@ -284,7 +290,8 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
     a reference count per row, and per slot the rows its item references::
 
         rows    int32 [row_capacity, ROW_FIELDS]
-        refs    int32 [capacity, width]
+        refs    int32 [capacity, width]        (items of any length: [capacity + blocks,
+                                                block width], ``kernels.refpool``)
         store i [row_capacity, *cell_shape]
 
     Either kind ends with ``forms``: int64 [capacity, 2], per slot the key of an item
@@ -293,11 +300,12 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
     """
     offset = _align(DATA_HEADER_SIZE + schema_len, 4096)
     width = storage.width
-    row_capacity = capacity * storage.steps_per_item if storage.steps else capacity
+    row_capacity = storage.row_capacity(capacity)
+    pool = storage.pool_blocks if storage.variable else 0
     rows = refs = offset
     if storage.steps:  # (one more row record: the layout stamp, see ``stamp_rows``)
         refs = _align(rows + (row_capacity + 1) * ROW_FIELDS * 4)
-        offset = _align(refs + capacity * width * 4)
+        offset = _align(refs + (capacity + pool) * width * 4)
     stores = []
     for spec in storage.store_specs:
         stores.append(offset)
@@ -306,7 +314,7 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
     forms = offset
     offset = _align(forms + capacity * 2 * 8)
     return DataPlan(DATA_HEADER_SIZE, row_capacity, rows, refs, width, stores,
-                    _align(max(offset, 4096), 4096), forms)
+                    _align(max(offset, 4096), 4096), forms, pool)
 
 
 def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
@@ -328,8 +336,9 @@ def step_views(buf, plan: DataPlan, capacity: int, generation: int):
     with the layout stamp; for whole items, placeholders stamped with ``generation``)."""
     if plan.width == 0:
         return no_step_views(generation)
-    refs = np.frombuffer(buf, np.int32, capacity * plan.width, plan.refs).reshape(
-        capacity, plan.width)
+    records = capacity + plan.pool_blocks  # (slot heads, then blocks: ``refpool``)
+    refs = np.frombuffer(buf, np.int32, records * plan.width, plan.refs).reshape(
+        records, plan.width)
     rows = np.frombuffer(buf, np.int32, (plan.row_capacity + 1) * ROW_FIELDS,
                          plan.rows).reshape(plan.row_capacity + 1, ROW_FIELDS)
     return refs, rows

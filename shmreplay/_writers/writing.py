@@ -124,10 +124,12 @@ class ItemPlan:
     steps are shared with other items (the store holds the field the column reads)."""
 
     __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "form", "generation",
-                 "treedef", "paths", "per_step", "_uniform_refs", "_scratch")
+                 "treedef", "paths", "per_step", "variable", "_uniform_refs", "_scratch")
 
     def __init__(self, storage, columns: List[ItemColumn], form: int = 0, generation: int = 0):
         self.steps = storage.steps
+        # Items of any length: their references start with the column lengths.
+        self.variable = storage.variable
         self.form = form  # which one-step columns Reverb's calls see flipped
         self.generation = generation  # the table layout it was planned for
         self.treedef = self.paths = None  # what ``plan_item`` planned it from
@@ -153,8 +155,10 @@ class ItemPlan:
         """``ref_steps`` of a uniform item of ``length`` steps: each column reads 0..n-1."""
         refs = self._uniform_refs.get(length)
         if refs is None:
-            refs = self._uniform_refs[length] = np.tile(
-                np.arange(length, dtype=np.int64), len(self.columns))
+            refs = np.tile(np.arange(length, dtype=np.int64), len(self.columns))
+            if self.variable:
+                refs = np.concatenate([np.full(len(self.columns), length, np.int64), refs])
+            self._uniform_refs[length] = refs
         return refs
 
     def scratch(self, length: int):
@@ -279,6 +283,8 @@ def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], pri
         if entry is not None:
             known[step] = entry[0]
             known[distinct + step] = entry[1]
+    if plan.variable:
+        ref_steps = [len(column.refs) for column in columns] + ref_steps
     slot, got_rows, fresh = _reserve(engine, known, np.array(ref_steps, np.int64), timeout)
     stores = engine.columns
     try:

@@ -33,6 +33,12 @@ class StorageKind(abc.ABC):
     def gather(self, slots):
         """Copies the items in ``slots`` out of shared memory, one array per column."""
 
+    def put_row(self, data, row: int, values):
+        """Puts a redrawn item (``values``: what ``gather`` gave for its slot alone) at
+        ``row`` of a batch's ``data`` (what ``gather`` gave for the batch)."""
+        for column, value in zip(data, values):
+            column[row] = value[0]
+
     @abc.abstractmethod
     def stored(self, counters) -> int:
         """What ``TableInfo.num_stored_steps`` reports, from the table's counters."""

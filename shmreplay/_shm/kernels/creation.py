@@ -9,7 +9,8 @@ only from a claimant it found dead (the pid and start time it passes as ``dead_*
 from shmreplay._shm.kernels import codes, kernel
 from shmreplay._shm.kernels.locking import _lock, _unlock
 from shmreplay._shm.layout import (C_CLOSED, C_CREATOR_PID, C_CREATOR_START, C_DATA_TOKEN,
-                               C_REFS_WIDTH, C_ROW_CAPACITY, C_SCHEMA_READY)
+                               C_REFS_WIDTH, C_ROW_CAPACITY, C_SCHEMA_READY, C_REF_COLUMNS, C_BLOCK_FREE_HEAD,
+                               C_BLOCK_FREE_TOP, C_BLOCK_FRESH)
 
 TAKEN = 0     # another process holds the claim: ``out`` = its (pid, start, token)
 CLAIMED = 1   # the caller holds it now: ``out`` = the previous (pid, start, token)
@@ -45,9 +46,11 @@ def claim(ctrl, fctrl, meta, prio, trees, refs, rows, pid, start, token, dead_pi
 
 
 @kernel
-def finish(ctrl, fctrl, meta, prio, trees, refs, rows, token, steps, row_capacity, width):
+def finish(ctrl, fctrl, meta, prio, trees, refs, rows, token, steps, row_capacity, width,
+           ref_columns):
     """Publishes the segment of claim ``token``: 1, or 0 if the claim was taken over
-    (its segment is not the table's), or CLOSED."""
+    (its segment is not the table's), or CLOSED. ``ref_columns``: the item columns of
+    a table of items of any length (``refpool``), else 0."""
     status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
@@ -60,6 +63,10 @@ def finish(ctrl, fctrl, meta, prio, trees, refs, rows, token, steps, row_capacit
     if steps != 0:
         ctrl[C_ROW_CAPACITY] = row_capacity
         ctrl[C_REFS_WIDTH] = width
+        ctrl[C_REF_COLUMNS] = ref_columns
+        ctrl[C_BLOCK_FREE_HEAD] = -1
+        ctrl[C_BLOCK_FREE_TOP] = 0
+        ctrl[C_BLOCK_FRESH] = 0
     ctrl[C_SCHEMA_READY] = 1
     ctrl[C_CREATOR_PID] = 0
     ctrl[C_CREATOR_START] = 0

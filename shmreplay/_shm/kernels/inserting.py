@@ -10,7 +10,7 @@ give slots back.
 import numpy as np
 
 from shmreplay._shm import sync as _sync
-from shmreplay._shm.kernels import codes, items, kernel, sumtree, rows as step_rows
+from shmreplay._shm.kernels import codes, items, kernel, refpool, sumtree, rows as step_rows
 from shmreplay._shm.kernels.locking import (
     BROKEN, _block, _bump, _lock_items, _lock_open, _stop_point, _unlock, _unlock_and_wake)
 from shmreplay._shm.kernels.views import TABLE_CAPACITY, _copies_fit, _table_arrays
@@ -18,7 +18,7 @@ from shmreplay._shm.kernels.priorities import first_invalid_priority
 from shmreplay._shm.layout import (
     C_CLOSED, C_INSERTS, C_ITEMS_SEQ, C_MAX_SIZE, C_PENDING, C_REMOVER_KIND, C_SAMPLER_KIND,
     C_SIZE, C_RESERVES, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TREE_LEAVES,
-    C_COMMIT_MARK, C_ORDER_SEQ, F_EXPONENT0, M_STATE, M_VERSION, M_WRITER, R_COUNT)
+    C_COMMIT_MARK, C_ORDER_SEQ, C_REF_COLUMNS, F_EXPONENT0, M_STATE, M_VERSION, M_WRITER, R_COUNT)
 
 @kernel
 def _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, n, was_waiting, register, io):
@@ -179,9 +179,12 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
     distinct step of the item's ``j``-th reference; the references go to ``refs[slot]``
     before the slot turns WRITING, so a crash at any point leaves the counts rebuildable.
 
-    If the rows run out (items referencing more distinct steps than the row space was
-    sized for), the remover evicts items until they fit; ``NO_ROWS`` if even an empty
-    table could not hold the item. Returns the slot, or a negative status.
+    In a table of items of any length (``refpool``), ``ref_steps`` starts with the
+    item's column lengths, and its references take blocks of the pool.
+
+    If the rows (or blocks) run out (items referencing more distinct steps than the
+    row space was sized for), the remover evicts items until they fit; ``NO_ROWS`` if
+    even an empty table could not hold the item. Returns the slot, or a negative status.
     """
     status = _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, 1, was_waiting, register,
                            io)
@@ -197,13 +200,20 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
         else:
             out_fresh[d] = 1
             need += 1
+    pooled = refpool.pooled(meta, refs)
+    blocks = 0
+    if pooled:
+        blocks = refpool.blocks_for(ref_steps.shape[0] - ctrl[C_REF_COLUMNS], refs.shape[1])
     evicted = 0
-    while step_rows.free_rows(ctrl) < need and ctrl[C_SIZE] > 0:
+    while ((step_rows.free_rows(ctrl) < need
+            or (pooled and refpool.free_blocks(ctrl, meta, refs) < blocks))
+           and ctrl[C_SIZE] > 0):
         victim = items.select(ctrl, fctrl, meta, trees, 1, io)
         items.remove(ctrl, meta, prio, trees, refs, rows, victim, True)
         evicted += 1
     _stop_point(ctrl, codes.STOP_RESERVE_ITEM)
-    if step_rows.free_rows(ctrl) < need:
+    if (step_rows.free_rows(ctrl) < need
+            or (pooled and refpool.free_blocks(ctrl, meta, refs) < blocks)):
         for d in range(distinct):
             if out_fresh[d] == 0:
                 row = known_rows[d]
@@ -220,10 +230,13 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
             rows[known_rows[d], R_COUNT] -= 1  # the pin becomes the references below
         else:
             out_rows[d] = step_rows.pop_row(ctrl, rows)
-    for j in range(ref_steps.shape[0]):
-        row = out_rows[ref_steps[j]]
-        refs[slot, j] = row
-        rows[row, R_COUNT] += 1
+    if pooled:
+        refpool.write_item(ctrl, meta, refs, rows, slot, out_rows, ref_steps)
+    else:
+        for j in range(ref_steps.shape[0]):
+            row = out_rows[ref_steps[j]]
+            refs[slot, j] = row
+            rows[row, R_COUNT] += 1
     meta[slot, M_VERSION] += 1
     meta[slot, M_WRITER] = pid
     meta[slot, M_STATE] = codes.WRITING

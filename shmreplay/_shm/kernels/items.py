@@ -192,7 +192,7 @@ def free_slot(ctrl, meta, refs, rows, slot):
     """Returns a slot that is no longer an item (or a reservation) to the free stack;
     with step storage, its rows lose a reference."""
     if refs.shape[1] > 0:
-        step_rows.release(ctrl, refs, rows, slot)
+        step_rows.release(ctrl, meta, refs, rows, slot)
     push_free(ctrl, meta, slot)
 
 

@@ -6,13 +6,14 @@ drops to zero goes back on a free stack linked through the same field (``-2 - ne
 ``rows[row, R_GEN]`` changes each time a row is handed out, so a writer may re-use a row
 it wrote only while the row still holds its step (same generation, count > 0).
 
-Each slot's references are ``refs[slot, :]`` (``C_REFS_WIDTH`` of them). Tables that store
+Each slot's references are ``refs[slot, :]`` (``C_REFS_WIDTH`` of them), or, for items of
+any length, a chain of blocks in a pool after the slots (``refpool``). Tables that store
 whole items have width 0 and never reach this module's loops.
 """
 
-from shmreplay._shm.kernels import codes, kernel
+from shmreplay._shm.kernels import codes, kernel, refpool
 from shmreplay._shm.layout import (
-    C_FRESH, C_LAYOUT_GEN, C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP,
+    C_BLOCK_FREE_HEAD, C_BLOCK_FREE_TOP, C_BLOCK_FRESH, C_REF_COLUMNS, C_FRESH, C_LAYOUT_GEN, C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP,
     C_ROW_FRESH, C_ROWS_DIRTY, C_ROWS_LIVE, M_STATE, R_COUNT, R_GEN)
 
 
@@ -27,6 +28,10 @@ def forget(ctrl):
     ctrl[C_ROW_FRESH] = 0
     ctrl[C_ROWS_LIVE] = 0
     ctrl[C_ROWS_DIRTY] = 0
+    ctrl[C_REF_COLUMNS] = 0
+    ctrl[C_BLOCK_FREE_HEAD] = -1
+    ctrl[C_BLOCK_FREE_TOP] = 0
+    ctrl[C_BLOCK_FRESH] = 0
 
 
 @kernel
@@ -68,8 +73,11 @@ def is_live(rows, row, gen):
 
 
 @kernel
-def release(ctrl, refs, rows, slot):
+def release(ctrl, meta, refs, rows, slot):
     """Drops the references of the item in ``slot``; rows nobody references are freed."""
+    if refpool.pooled(meta, refs):
+        _release_chain(ctrl, meta, refs, rows, slot)
+        return
     for j in range(refs.shape[1]):
         row = refs[slot, j]
         count = rows[row, R_COUNT] - 1
@@ -79,16 +87,43 @@ def release(ctrl, refs, rows, slot):
 
 
 @kernel
+def _release_chain(ctrl, meta, refs, rows, slot):
+    """``release`` of an item in the block pool: its rows, then its blocks. The head
+    is emptied first, so a crash half-way leaves no chain that reaches a freed block."""
+    capacity = meta.shape[0]
+    per_block = refs.shape[1] - 1
+    block = refs[slot, refpool.HEAD_FIRST] - 1
+    remaining = refs[slot, refpool.HEAD_TOTAL]
+    refs[slot, refpool.HEAD_FIRST] = 0
+    refs[slot, refpool.HEAD_TOTAL] = 0
+    while block >= 0 and remaining > 0:
+        record = capacity + block
+        for j in range(min(per_block, remaining)):
+            row = refs[record, j]
+            count = rows[row, R_COUNT] - 1
+            rows[row, R_COUNT] = count
+            if count == 0:
+                push_row(ctrl, rows, row)
+        remaining -= per_block
+        following = refs[record, per_block] % refpool.MARK - 1
+        refpool.push_block(ctrl, meta, refs, block)
+        block = following
+
+
+@kernel
 def rebuild(ctrl, meta, refs, rows):
     """Recounts every row's references from the slots that hold items (after a crash)."""
     fresh = ctrl[C_ROW_FRESH]
     for row in range(fresh):
         rows[row, R_COUNT] = 0
-    for slot in range(ctrl[C_FRESH]):
-        state = meta[slot, M_STATE]
-        if state == codes.READY or state == codes.WRITING or state == codes.DRAINING:
-            for j in range(refs.shape[1]):
-                rows[refs[slot, j], R_COUNT] += 1
+    if refpool.pooled(meta, refs):
+        refpool.rebuild_blocks(ctrl, meta, refs, rows, ctrl[C_FRESH])
+    else:
+        for slot in range(ctrl[C_FRESH]):
+            state = meta[slot, M_STATE]
+            if state == codes.READY or state == codes.WRITING or state == codes.DRAINING:
+                for j in range(refs.shape[1]):
+                    rows[refs[slot, j], R_COUNT] += 1
     ctrl[C_ROW_FREE_TOP] = 0
     ctrl[C_ROW_FREE_HEAD] = -1
     ctrl[C_ROWS_LIVE] = fresh

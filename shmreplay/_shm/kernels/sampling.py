@@ -9,14 +9,14 @@ lock.
 import numpy as np
 
 from shmreplay._shm import sync as _sync
-from shmreplay._shm.kernels import codes, items, kernel, sumtree
+from shmreplay._shm.kernels import codes, items, kernel, refpool, sumtree
 from shmreplay._shm.kernels.locking import (
     BROKEN, _block, _bump, _lock_items, _stop_point, _unlock, _unlock_and_wake)
 from shmreplay._shm.kernels.views import TABLE_CAPACITY, _copies_fit, _table_arrays
 from shmreplay._shm.layout import (
     C_CLOSED, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_TIMES_SAMPLED, C_NUM_UNIQUE, C_SAMPLER_KIND,
     C_SAMPLES, C_SIZE, C_RESERVES, C_SPACE_SEQ, C_TOTAL_SAMPLED, C_TREE_LEAVES, M_KEY, M_LIVE,
-    M_TIMES, M_VERSION, M_WRITER, R_GEN)
+    M_STATE, M_TIMES, M_VERSION, M_WRITER, R_GEN)
 
 # Rows of the int64 output block of ``sample``.
 OUT_SLOT, OUT_KEY, OUT_TABLE_SIZE, OUT_TIMES, OUT_VERSION = range(5)
@@ -134,9 +134,10 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
             count += 1
     ctrl[C_TOTAL_SAMPLED] += count
     _stop_point(ctrl, codes.STOP_SAMPLE_DRAWN)
-    if refs.shape[1] > 0:
+    if refs.shape[1] > 0 and not refpool.pooled(meta, refs):
         # Row generations, for the seqlock re-check of step storage: a row can be handed
         # to another writer (once no item references it) while its slot is unused.
+        # (Pooled items are checked by their slot's state instead: see ``torn_rows``.)
         for j in range(count):
             slot = out_i[OUT_SLOT, j]
             for k in range(refs.shape[1]):
@@ -231,13 +232,22 @@ def seed(value):
 def torn_rows(meta, refs, rows, slots, versions, gens, out_rows):
     """Batch rows to redraw because their data may have been overwritten while copied
     (the seqlock re-check): the slot was reserved again, or a step row it references
-    was handed out again."""
+    was handed out again.
+
+    A pooled item (``refpool``) holds its rows and blocks while its slot holds it
+    (READY, or DRAINING for the sampler that deleted it); once freed, they may be reused
+    at once, so it is torn if its slot was freed at all."""
     count = 0
+    pooled = refpool.pooled(meta, refs)
     for i in range(slots.shape[0]):
         slot = slots[i]
         torn = meta[slot, M_VERSION] != versions[i]
-        for k in range(refs.shape[1]):
-            torn = torn or rows[refs[slot, k], R_GEN] != gens[i, k]
+        if pooled:
+            state = meta[slot, M_STATE]
+            torn = torn or not (state == codes.READY or state == codes.DRAINING)
+        else:
+            for k in range(refs.shape[1]):
+                torn = torn or rows[refs[slot, k], R_GEN] != gens[i, k]
         if torn:
             out_rows[count] = i
             count += 1

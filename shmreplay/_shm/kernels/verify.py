@@ -11,7 +11,7 @@ followed).
 """
 
 
-from shmreplay._shm.kernels import codes, heap, kernel
+from shmreplay._shm.kernels import codes, heap, kernel, refpool
 from shmreplay._shm.kernels.sumtree import weight
 from shmreplay._shm.layout import (
     C_DELETES, C_FRESH, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH, C_ROWS_LIVE, R_COUNT, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
@@ -125,13 +125,13 @@ def _check_rows(ctrl, meta, refs, rows, fresh):
     fresh_rows = ctrl[C_ROW_FRESH]
     if not 0 <= fresh_rows <= rows.shape[0]:
         return ROWS | CTRL
-    for slot in range(fresh):
-        if _holds_refs(meta, slot):
-            for j in range(refs.shape[1]):
-                row = refs[slot, j]
-                if row < 0 or row >= fresh_rows or rows[row, R_COUNT] <= 0:
-                    return ROWS  # a reference to a row that is not live
-    _add_refs(meta, refs, rows, fresh, -1)
+    if refpool.pooled(meta, refs):
+        if not _subtract_chains(ctrl, meta, refs, rows, fresh):
+            return ROWS
+    else:
+        problem = _subtract_refs(meta, refs, rows, fresh, fresh_rows)
+        if problem:
+            return problem
     live = 0
     exact = True
     for row in range(fresh_rows):
@@ -140,7 +140,12 @@ def _check_rows(ctrl, meta, refs, rows, fresh):
             live += 1
         elif count > 0:
             exact = False  # counted more often than referenced
-    _add_refs(meta, refs, rows, fresh, 1)
+    if refpool.pooled(meta, refs):
+        used = _add_back_chains(ctrl, meta, refs, rows, fresh)
+        if not refpool.check_free_blocks(ctrl, meta, refs, used):
+            return ROWS
+    else:
+        _add_refs(meta, refs, rows, fresh, 1)
     if not exact or live != ctrl[C_ROWS_LIVE]:
         return ROWS
     free = 0
@@ -155,6 +160,58 @@ def _check_rows(ctrl, meta, refs, rows, fresh):
     if free != ctrl[C_ROW_FREE_TOP] or free + live != fresh_rows:
         return ROWS
     return 0
+
+
+@kernel
+def _subtract_refs(meta, refs, rows, fresh, fresh_rows):
+    """Fixed references: checks each, then subtracts them from their rows' counts."""
+    for slot in range(fresh):
+        if _holds_refs(meta, slot):
+            for j in range(refs.shape[1]):
+                row = refs[slot, j]
+                if row < 0 or row >= fresh_rows or rows[row, R_COUNT] <= 0:
+                    return ROWS  # a reference to a row that is not live
+    _add_refs(meta, refs, rows, fresh, -1)
+    return 0
+
+
+@kernel
+def _subtract_chains(ctrl, meta, refs, rows, fresh):
+    """Pooled references: subtracts each live item's references from their rows' counts,
+    marking its blocks; False (everything added back) if a chain or its lengths are
+    broken, or a chain reaches a block another chain reached."""
+    for slot in range(fresh):
+        if _holds_refs(meta, slot):
+            if not (refpool.lengths_ok(ctrl, refs, slot)
+                    and refpool.count_refs(ctrl, meta, refs, rows, slot, -1)):
+                _add_back_chains(ctrl, meta, refs, rows, fresh)
+                return False
+    return True
+
+
+@kernel
+def _add_back_chains(ctrl, meta, refs, rows, fresh):
+    """Undoes ``_subtract_chains`` (as far as it went); returns the blocks it unmarked."""
+    used = 0
+    per_block = refs.shape[1] - 1
+    capacity = meta.shape[0]
+    for slot in range(fresh):
+        if not _holds_refs(meta, slot):
+            continue
+        block = refs[slot, refpool.HEAD_FIRST] - 1
+        remaining = refs[slot, refpool.HEAD_TOTAL]
+        while remaining > 0 and 0 <= block < refs.shape[0] - capacity:
+            record = capacity + block
+            link = refs[record, per_block]
+            if link < refpool.MARK:
+                break  # (not reached by the subtraction)
+            for j in range(min(per_block, remaining)):
+                rows[refs[record, j], R_COUNT] += 1
+            refs[record, per_block] = link - refpool.MARK
+            used += 1
+            remaining -= per_block
+            block = link - refpool.MARK - 1
+    return used
 
 
 @kernel

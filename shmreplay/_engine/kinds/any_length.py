@@ -1,0 +1,123 @@
+"""Step references of items of any length: each item's references in pool blocks.
+
+Like ``step_refs`` (items reference shared step rows, so a step is stored once), but
+an item's columns may have any length, each its own: its references are a chain of
+blocks in a pool (``shmreplay._shm.kernels.refpool``), and its slot's head records each
+column's length. A batch comes back padded with zeros to its longest item, per column,
+with the lengths (``Gathered.lengths``; ``docs/writers.md`` says why padding).
+"""
+
+import numpy as np
+
+from shmreplay import errors
+from shmreplay._engine import outputs as _outputs
+from shmreplay._engine.kinds.step_refs import StepRefs
+from shmreplay._shm import layout as L
+from shmreplay._shm.kernels import refpool
+
+
+class Gathered(list):
+    """The columns of a gathered batch (padded), with ``lengths`` ``[n, columns]``."""
+
+    lengths = None
+
+
+class AnyLength(StepRefs):
+    steps = True
+
+    def __init__(self, engine, segment, plan):
+        super().__init__(engine, segment, plan)
+        self._columns = len(engine.storage.columns)
+        self._squeezed = np.array([c.squeeze for c in engine.storage.columns])
+
+    def gather(self, slots):
+        engine = self.engine
+        columns = self._columns
+        count = len(slots)
+        lengths = np.empty((count, columns), np.int64)
+        refpool.lengths(engine.refs, engine.capacity, columns, slots, lengths)
+        widths = lengths.max(axis=0) if count else np.zeros(columns, np.int64)
+        widths[self._squeezed] = 1
+        starts = np.zeros(columns, np.int64)
+        np.cumsum(widths[:-1], out=starts[1:])
+        rows = np.empty((count, int(widths.sum())), np.int64)
+        refpool.gather_rows(engine.refs, engine.capacity, engine.rows.shape[0] - 1, columns,
+                            slots, starts, widths, rows)
+        data = Gathered()
+        for c, column in enumerate(engine.storage.columns):
+            picked = rows[:, starts[c]:starts[c] + widths[c]]
+            if column.squeeze:
+                picked = picked[:, 0]
+            padding = picked < 0
+            values = _outputs.take(engine.columns[column.store], np.maximum(picked, 0))
+            if padding.any():
+                values[padding] = 0
+            data.append(values)
+        data.lengths = np.minimum(lengths, widths)
+        return data
+
+    def put_row(self, data, row: int, values):
+        """Puts one redrawn item (``values``: a one-item gather) at ``row`` of ``data``,
+        widening a column whose new item is longer than the batch's."""
+        for c, (column, value) in enumerate(zip(data, values)):
+            if value.ndim > 1 and not self._squeezed[c] and value.shape[1] > column.shape[1]:
+                wider = np.zeros((column.shape[0], value.shape[1]) + column.shape[2:],
+                                 column.dtype)
+                wider[:, :column.shape[1]] = column
+                data[c] = column = wider
+            if value.ndim > 1 and not self._squeezed[c]:
+                column[row] = 0
+                column[row, :value.shape[1]] = value[0]
+            else:
+                column[row] = value[0]
+        data.lengths[row] = values.lengths[0]
+
+    def reserve_items(self, count: int, timeout):
+        raise errors.SchemaError(
+            f"Table '{self.engine.name}' holds items of any length, written by a writer: "
+            "insert its items with a writer (Client.trajectory_writer), not Client.insert.")
+
+    def copy_held(self, out, rows, count: int, stored_rows: int):
+        engine = self.engine
+        slots = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+        out.lengths = np.empty((count, self._columns), np.int32)
+        total = int(engine.refs[slots, refpool.HEAD_TOTAL].sum())
+        out.flat_refs = np.empty(total, np.int32)
+        refpool.flatten(engine.refs, engine.capacity, self._columns,
+                        np.asarray(slots, np.int64), out.lengths, out.flat_refs)
+        for store, copy in zip(engine.columns, out.stores):
+            copy[:stored_rows] = store[:stored_rows]
+
+    def export(self, out, count: int) -> dict:
+        used, dense = np.unique(out.flat_refs, return_inverse=True)
+        arrays = {"lengths": out.lengths, "refs": dense.astype(np.int32)}
+        for index, copy in enumerate(out.stores):
+            arrays[f"store{index}"] = copy[used]
+        return arrays
+
+    def restore(self, saved, rows, count: int):
+        engine = self.engine
+        stored = saved.layout["store0"][2][0]
+        if stored > int(engine.storage.row_budget):
+            raise ValueError(
+                f"Table '{engine.name}': the checkpoint's items reference {stored} distinct "
+                f"steps; this table's step budget is {engine.storage.row_budget}.")
+        lengths = saved.array("lengths").astype(np.int64)
+        refs = saved.array("refs").astype(np.int64)
+        if (lengths.shape != (count, self._columns) or (count and lengths.min() < 0)
+                or refs.shape != (int(lengths.sum()),)
+                or (refs.size and (refs.min() < 0 or refs.max() >= stored))):
+            raise errors.CheckpointError(f"Checkpoint {saved.path}: table '{saved.name}' "
+                                         "references steps it does not hold.")
+        blocks = sum(int(refpool.blocks_for(int(total), engine.refs.shape[1]))
+                     for total in lengths.sum(axis=1))
+        if blocks > engine.storage.pool_blocks:
+            raise ValueError(f"Table '{engine.name}': the checkpoint's items need {blocks} "
+                             f"reference blocks; this table has {engine.storage.pool_blocks}.")
+        for index, store in enumerate(engine.columns):
+            saved.read_into(f"store{index}", store[:stored])
+        slots = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+        engine.ctrl[L.C_ROW_FRESH] = stored
+        refpool.load(engine.ctrl, engine.meta, engine.refs, engine.rows,
+                     np.asarray(slots, np.int64), lengths, refs)
+

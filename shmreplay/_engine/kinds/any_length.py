@@ -29,6 +29,8 @@ class AnyLength(StepRefs):
         super().__init__(engine, segment, plan)
         self._columns = len(engine.storage.columns)
         self._squeezed = np.array([c.squeeze for c in engine.storage.columns])
+        # Each store as rows of the widest words that divide a row, for ``copy_padded``.
+        self._words = [_as_words(store) for store in engine.columns]
 
     def gather(self, slots):
         engine = self.engine
@@ -45,13 +47,14 @@ class AnyLength(StepRefs):
                             slots, starts, widths, rows)
         data = Gathered()
         for c, column in enumerate(engine.storage.columns):
-            picked = rows[:, starts[c]:starts[c] + widths[c]]
-            if column.squeeze:
-                picked = picked[:, 0]
-            padding = picked < 0
-            values = _outputs.take(engine.columns[column.store], np.maximum(picked, 0))
-            if padding.any():
-                values[padding] = 0
+            store = engine.columns[column.store]
+            width = int(widths[c])
+            shape = (count,) + ((() if column.squeeze else (width,)) + store.shape[1:])
+            values = _outputs.empty(shape, store.dtype)
+            if values.size:
+                words = self._words[column.store]
+                refpool.copy_padded(words, rows[:, starts[c]:starts[c] + width],
+                                    values.reshape(count, width, -1).view(words.dtype))
             data.append(values)
         data.lengths = np.minimum(lengths, widths)
         return data
@@ -121,3 +124,11 @@ class AnyLength(StepRefs):
         refpool.load(engine.ctrl, engine.meta, engine.refs, engine.rows,
                      np.asarray(slots, np.int64), lengths, refs)
 
+
+
+def _as_words(store):
+    row = store.reshape(store.shape[0], -1).view(np.uint8)
+    for word in (np.uint64, np.uint32, np.uint16):
+        if row.shape[1] % np.dtype(word).itemsize == 0:
+            return row.view(word)
+    return row

@@ -226,29 +226,57 @@ def gather_rows(refs, capacity, row_count, columns, slots, starts, widths, out):
     per_block = refs.shape[1] - 1
     for i in range(slots.shape[0]):
         slot = slots[i]
-        for k in range(out.shape[1]):
-            out[i, k] = -1
         block = refs[slot, HEAD_FIRST] % MARK - 1
-        total = refs[slot, HEAD_TOTAL]
-        column = 0
-        within = 0
-        steps = 0
-        walked = 0
-        while steps < total and 0 <= block < pool and walked <= pool:
-            record = capacity + block
-            for j in range(min(per_block, total - steps)):
-                while column < columns and within >= refs[slot, HEAD_LENGTHS + column]:
-                    column += 1
-                    within = 0
-                if column >= columns:
+        position = 0
+        for c in range(columns):
+            length = refs[slot, HEAD_LENGTHS + c]
+            start = starts[c]
+            width = widths[c]
+            k = 0
+            wanted = min(length, width)
+            while k < wanted:
+                if position == per_block:
+                    link = refs[capacity + block, per_block] if 0 <= block < pool else -1
+                    block = link % MARK - 1 if link >= 0 else -1
+                    position = 0
+                if not 0 <= block < pool:
                     break
-                row = refs[record, j]
-                if within < widths[column]:
-                    out[i, starts[column] + within] = row if 0 <= row < row_count else -1
-                within += 1
-            steps += per_block
-            walked += 1
-            block = refs[record, per_block] % MARK - 1 if refs[record, per_block] >= 0 else -1
+                record = capacity + block
+                run = min(wanted - k, per_block - position)  # the rest of this block
+                for j in range(run):
+                    row = refs[record, position + j]
+                    out[i, start + k + j] = row if 0 <= row < row_count else -1
+                position += run
+                k += run
+            # (a column cut at the batch's width, by a torn read only, skips its rest)
+            skip = length - k
+            while skip > 0 and 0 <= block < pool:
+                step = min(skip, per_block - position)
+                position += step
+                skip -= step
+                if skip > 0:
+                    link = refs[capacity + block, per_block]
+                    block = link % MARK - 1 if link >= 0 else -1
+                    position = 0
+            for rest in range(k, width):
+                out[i, start + rest] = -1
+
+
+@kernel
+def copy_padded(store, rows, out):
+    """``out[i, k] = store[rows[i, k]]`` (rows of words: ``AnyLength`` views the store
+    and ``out`` as the widest unsigned type that divides a row), zeros where ``rows``
+    is -1: a column of a padded batch in one pass."""
+    size = out.shape[2]
+    for i in range(rows.shape[0]):
+        for k in range(rows.shape[1]):
+            row = rows[i, k]
+            if row >= 0:
+                for b in range(size):
+                    out[i, k, b] = store[row, b]
+            else:
+                for b in range(size):
+                    out[i, k, b] = 0
 
 
 @kernel

@@ -284,3 +284,42 @@ def test_checkpoint_round_trip(buffer_name, tmp_path):
         W.write_episodes(client, "eps", [4], base=900)  # and it takes new items
         assert client.verify("eps") == []
         client.close()
+
+
+def test_sigkill_storm_of_writers_while_a_learner_samples(buffer_name):
+    """Writers of items of any length SIGKILLed every 20-80 ms for 8 s (some inside the
+    table's lock) while the learner samples: nothing torn, every acknowledged item
+    kept, the table verifies, no call of the learner waits long."""
+    seconds = 8.0
+    with shmreplay.Server([_table(max_size=200_000)], name=buffer_name) as server:
+        client = server.localhost_client()
+        W.write_episodes(client, "eps", [3], base=-1000)
+        client.sample_batch("eps", 64, timeout=2)  # (kernels loaded)
+        counts = SPAWN.RawArray("q", 5_000)
+        incarnations = SPAWN.RawValue("q", 0)
+        started, done = SPAWN.Event(), SPAWN.Event()
+        controller = SPAWN.Process(target=W.storm, args=(server.name, seconds, 2, 99, counts,
+                                                         incarnations, started, done))
+        controller.start()
+        slowest = 0.0
+        try:
+            assert started.wait(60)
+            while not done.is_set():
+                t0 = time.monotonic()
+                _check_items(client.sample_batch("eps", 64, timeout=2))
+                slowest = max(slowest, time.monotonic() - t0)
+            controller.join(30)
+        finally:
+            if controller.is_alive():
+                controller.kill()
+                controller.join(10)
+        assert controller.exitcode == 0
+        killed = incarnations.value
+        assert killed > 5 * seconds, f"only {killed} writers ran"
+        acknowledged = sum(counts[:killed])
+        assert acknowledged > 100
+        # Nothing evicted (max_size is far away): every acknowledged item is there.
+        assert client.server_info()["eps"].current_size >= acknowledged + 2
+        assert client.verify("eps") == []
+        assert slowest < 1.5, f"a sample waited {slowest:.2f} s"
+        client.close()

@@ -247,11 +247,15 @@ def test_no_torn_items_while_other_processes_overwrite(buffer_name):
 def test_verify_finds_a_broken_chain(buffer_name):
     with shmreplay.Server([_table()], name=buffer_name) as server:
         client = server.localhost_client()
-        W.write_episodes(client, "eps", [20, 3], base=0)
+        # The first item sizes the heads (3 steps of 2 columns inline); the second
+        # takes blocks.
+        W.write_episodes(client, "eps", [3, 60], base=0)
         engine = client._engine("eps")
         assert client.verify("eps") == []
         capacity = engine.capacity
-        slot = int(engine.meta[:, L.M_STATE].argmax())  # (some READY slot)
+        chained = np.flatnonzero(engine.refs[:capacity, refpool.HEAD_FIRST] > 0)
+        assert len(chained) == 1
+        slot = int(chained[0])
         first = int(engine.refs[slot, refpool.HEAD_FIRST]) - 1
         link = engine.refs[capacity + first, -1]
         engine.refs[capacity + first, -1] = 0  # cut the chain short
@@ -260,7 +264,15 @@ def test_verify_finds_a_broken_chain(buffer_name):
         engine.refs[slot, refpool.HEAD_LENGTHS] += 1  # lengths that do not add up
         assert any("step rows" in problem for problem in client.verify("eps"))
         engine.refs[slot, refpool.HEAD_LENGTHS] -= 1
+        inline = refpool.HEAD_LENGTHS + 2  # a head's first inline reference
+        row = engine.refs[slot, inline]
+        engine.refs[slot, inline] = engine.rows.shape[0]  # a row out of range
+        assert any("step rows" in problem for problem in client.verify("eps"))
+        engine.refs[slot, inline] = row
         assert client.verify("eps") == []
+        batch = client.sample_batch("eps", 20, timeout=5)
+        _check_items(batch)
+        assert set(batch.lengths["step"].tolist()) == {3, 60}
         client.close()
 
 

@@ -102,6 +102,7 @@ def step_storage(signature, cells, lengths, squeezes, sources) -> Storage:
 # of a few short first items still takes long ones without evicting.
 STEP_FLOOR_BYTES = 16 << 20
 MAX_POOL = (1 << 30) - 1  # blocks and rows are int32 indices (see ``refpool.MARK``)
+INLINE_MAX = 64  # references a slot's head keeps at most (longer items: blocks)
 
 
 def variable_step_storage(storage: Storage, capacity: int, distinct: int, references: int,
@@ -113,7 +114,8 @@ def variable_step_storage(storage: Storage, capacity: int, distinct: int, refere
     The budget: ``max_steps`` rows if given, else room for ``capacity`` items like the
     first one (``distinct`` steps, ``references`` references), and at least
     ``STEP_FLOOR_BYTES`` of steps; the pool holds as many references per row as the
-    first item has, twice over, and a block per slot.
+    first item has, twice over, and a block per slot. A slot's head holds an item with
+    as many references as the first (up to ``INLINE_MAX``) without a block.
     """
     column_specs = specs.flatten(storage.signature)[0]
     columns = tuple(
@@ -129,7 +131,8 @@ def variable_step_storage(storage: Storage, capacity: int, distinct: int, refere
     else:
         rows = int(max_steps)
     rows = min(rows, MAX_POOL)
-    block_width = max(16, -(-(len(columns) + 2) // 8) * 8)
+    # Slot heads keep an item like the first (up to INLINE_MAX references) inline.
+    block_width = max(16, -(-(len(columns) + 2 + min(references, INLINE_MAX)) // 8) * 8)
     per_block = block_width - 1
     references = max(1, references)
     refs = math.ceil(2 * rows * references / distinct)

@@ -112,7 +112,8 @@ class AnyLength(StepRefs):
                 or (refs.size and (refs.min() < 0 or refs.max() >= stored))):
             raise errors.CheckpointError(f"Checkpoint {saved.path}: table '{saved.name}' "
                                          "references steps it does not hold.")
-        blocks = sum(int(refpool.blocks_for(int(total), engine.refs.shape[1]))
+        inline = int(refpool.inline(engine.refs, self._columns))
+        blocks = sum(int(refpool.blocks_for(int(total), engine.refs.shape[1], inline))
                      for total in lengths.sum(axis=1))
         if blocks > engine.storage.pool_blocks:
             raise ValueError(f"Table '{engine.name}': the checkpoint's items need {blocks} "
@@ -122,7 +123,7 @@ class AnyLength(StepRefs):
         slots = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
         engine.ctrl[L.C_ROW_FRESH] = stored
         refpool.load(engine.ctrl, engine.meta, engine.refs, engine.rows,
-                     np.asarray(slots, np.int64), lengths, refs)
+                     np.asarray(slots, np.int64), lengths, refs, np.empty(0, np.int64))
 
 
 

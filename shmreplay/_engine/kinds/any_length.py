@@ -29,6 +29,7 @@ class AnyLength(StepRefs):
         super().__init__(engine, segment, plan)
         self._columns = len(engine.storage.columns)
         self._squeezed = np.array([c.squeeze for c in engine.storage.columns])
+        self._inline = int(engine.refs.shape[1]) - refpool.HEAD_LENGTHS - self._columns
         # Each store as rows of the widest words that divide a row, for ``copy_padded``.
         self._words = [_as_words(store) for store in engine.columns]
 
@@ -42,7 +43,12 @@ class AnyLength(StepRefs):
         widths[self._squeezed] = 1
         starts = np.zeros(columns, np.int64)
         np.cumsum(widths[:-1], out=starts[1:])
-        rows = np.empty((count, int(widths.sum())), np.int64)
+        total = int(widths.sum())
+        if count and total <= self._inline and (lengths == widths).all():
+            # Every item has the same lengths and fits its head (a batch like the first
+            # item): the references are one slice of the heads, and need no padding.
+            return self._gather_uniform(slots, lengths, starts, widths, total)
+        rows = np.empty((count, total), np.int64)
         refpool.gather_rows(engine.refs, engine.capacity, engine.rows.shape[0] - 1, columns,
                             slots, starts, widths, rows)
         data = Gathered()
@@ -57,6 +63,19 @@ class AnyLength(StepRefs):
                                     values.reshape(count, width, -1).view(words.dtype))
             data.append(values)
         data.lengths = np.minimum(lengths, widths)
+        return data
+
+    def _gather_uniform(self, slots, lengths, starts, widths, total):
+        """``gather`` of items of one shape that fit their heads: as fixed references."""
+        engine = self.engine
+        base = refpool.HEAD_LENGTHS + self._columns
+        rows = engine.refs.take(slots, axis=0)[:, base:base + total]
+        data = Gathered()
+        for c, column in enumerate(engine.storage.columns):
+            picked = rows[:, starts[c]] if column.squeeze else \
+                rows[:, starts[c]:starts[c] + widths[c]]
+            data.append(_outputs.take(engine.columns[column.store], picked))
+        data.lengths = lengths
         return data
 
     def put_row(self, data, row: int, values):

@@ -94,10 +94,40 @@ class AnyLength(StepRefs):
                 column[row] = value[0]
         data.lengths[row] = values.lengths[0]
 
-    def reserve_items(self, count: int, timeout):
-        raise errors.SchemaError(
-            f"Table '{self.engine.name}' holds items of any length, written by a writer: "
-            "insert its items with a writer (Client.trajectory_writer), not Client.insert.")
+    def _split_for(self, arrays):
+        """Data given whole (``insert``): each column's length is its array's time
+        dimension; columns in different stores share rows, as in ``_split_plan``."""
+        lengths = self._lengths_of(arrays)
+        used, steps = {}, []
+        for column, length in zip(self.engine.storage.columns, lengths):
+            base = used.get(column.store, 0)
+            steps.extend(range(base, base + length))
+            used[column.store] = base + length
+        return np.array(lengths + steps, np.int64), max(1, max(used.values()))
+
+    def _lengths_of(self, arrays):
+        lengths = []
+        for column, array in zip(self.engine.storage.columns, arrays):
+            cell = self.engine.storage.store_specs[column.store].shape
+            lengths.append(1 if column.squeeze else int(array.shape[array.ndim - len(cell) - 1]))
+        return lengths
+
+    def write_items(self, slots, rows, arrays, batched: bool):
+        engine = self.engine
+        ref_steps, _ = self._split_for(arrays)
+        steps = ref_steps[self._columns:]
+        start = 0
+        for column, array, length in zip(engine.storage.columns, arrays,
+                                         ref_steps[:self._columns]):
+            store = engine.columns[column.store]
+            own = steps[start:start + length]
+            start += length
+            for i in range(len(slots)):
+                value = array[i] if batched else array
+                if column.squeeze:
+                    store[rows[i, own[0]]] = value
+                else:
+                    store[rows[i, own]] = value
 
     def copy_held(self, out, rows, count: int, stored_rows: int):
         engine = self.engine

@@ -174,7 +174,9 @@ def run_case(name, reverb, work):
                               f"{actors[i].exitcode})" for i in range(NUM_ACTORS)
                            if i not in reports})
         if failed:
-            raise RuntimeError("\n".join(f"actor {i}: {e}" for i, e in sorted(failed.items())))
+            result["actor_tracebacks"] = {str(i): e[-4000:] for i, e in failed.items()}
+            raise RuntimeError("; ".join(f"actor {i}: {_final_line(e)}"
+                                         for i, e in sorted(failed.items())))
         stage = "read"
         client = reverb.Client(address)
         info = client.server_info()
@@ -205,6 +207,12 @@ def run_case(name, reverb, work):
     return result
 
 
+def _final_line(text):
+    """The exception line of a traceback (its last non-empty line)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def versions(backend):
     import importlib.metadata as md
     found = {}
@@ -225,12 +233,13 @@ def run(args):
     work = tempfile.mkdtemp(prefix="item-exact-")
     os.environ["ITEM_EXACT_WORK"] = work  # where Acme's current adders are written
     os.environ["ITEM_EXACT_ACME_ADDERS"] = args.acme_adders  # spawned actors inherit it
+    os.environ["ITEM_EXACT_WITHOUT_SIGNATURES"] = "1" if args.without_signatures else "0"
     import reverb  # noqa: F401  (the backend, first on sys.path)
     import item_exact_cases
     names = args.case or list(item_exact_cases.CASES)
     out = {"backend": args.backend, "reverb_module": os.path.abspath(reverb.__file__),
            "versions": versions(args.backend), "acme_source_commit": _acme_commit(),
-           "acme_adders": args.acme_adders,
+           "acme_adders": args.acme_adders, "without_signatures": args.without_signatures,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": {}}
     if os.path.exists(args.out) and args.case:
         with open(args.out) as f:
@@ -287,9 +296,16 @@ def _short(value):
     return text if len(text) < 120 else text[:117] + "..."
 
 
-def _comparable(result):
-    """What must match: the items, table counts and the dataset's shapes/validity."""
-    return {"tables": result.get("tables"), "dataset": result.get("dataset")}
+def _comparable(result, with_structure=True):
+    """What must match: the items, table counts and the dataset's shapes/validity (and
+    the items' nest structure, unless a run was without signatures: a table without one
+    returns its items' leaves as a flat list)."""
+    tables = result.get("tables")
+    if not with_structure:
+        tables = {name: dict(table, items=_sort([dict(item, structure=None)
+                                                 for item in table["items"]]))
+                  for name, table in tables.items()}
+    return {"tables": tables, "dataset": result.get("dataset")}
 
 
 def compare(path_a, path_b):
@@ -309,7 +325,8 @@ def compare(path_a, path_b):
                 ("not run" if r is None else f"[{r['stage']}] {_last_line(r['error'])}")
                 for side, r in failed)
         else:
-            difference = first_difference(_comparable(ra), _comparable(rb))
+            structure = not (a.get("without_signatures") or b.get("without_signatures"))
+            difference = first_difference(_comparable(ra, structure), _comparable(rb, structure))
             verdict = "identical" if difference is None else "differs"
             detail = difference or (f"{sum(len(t['items']) for t in ra['tables'].values())}"
                                     " items")
@@ -341,8 +358,8 @@ def _last_line(error):
 
 def report_md(a, b, rows):
     lines = ["# Acme and TF-Agents on Reverb and on shmreplay, item by item", "",
-             f"A: `{a['backend']}` ({_versions_line(a)}), {a['date']}.  ",
-             f"B: `{b['backend']}` ({_versions_line(b)}), {b['date']}.", "",
+             f"A: `{a['backend']}`{_mode(a)} ({_versions_line(a)}), {a['date']}.  ",
+             f"B: `{b['backend']}`{_mode(b)} ({_versions_line(b)}), {b['date']}.", "",
              "Repeat: see benchmarks/compat/README.md, *Item-exact*.", "",
              "| case | what | verdict | detail |", "| --- | --- | --- | --- |"]
     for name, verdict, detail in rows:
@@ -354,6 +371,10 @@ def report_md(a, b, rows):
         counts[verdict.split(" ")[0]] = counts.get(verdict.split(" ")[0], 0) + 1
     lines += ["", "Totals: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), ""]
     return "\n".join(lines)
+
+
+def _mode(run_result):
+    return " **without signatures**" if run_result.get("without_signatures") else ""
 
 
 def _versions_line(run_result):
@@ -373,16 +394,24 @@ def main():
     parser.add_argument("--acme-adders", choices=["head", "package"], default="head",
                         help="Acme's current acme/adders/reverb (default; acme 0.4.0's "
                              "do not run on dm-reverb 0.14.0) or the installed package's")
+    parser.add_argument("--without-signatures", action="store_true",
+                        help="diagnostic: tables without signatures (items compared "
+                             "leaf by leaf, structure ignored)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"))
     parser.add_argument("--md", help="with --compare: also write this Markdown file")
+    parser.add_argument("--append", metavar="HEADING",
+                        help="with --md: append this comparison under HEADING")
     args = parser.parse_args()
     if args.compare:
         a, b, rows = compare(*args.compare)
         for name, verdict, detail in rows:
             print(f"{name}: {verdict}: {detail}")
         if args.md:
-            with open(args.md, "w") as f:
-                f.write(report_md(a, b, rows))
+            text = report_md(a, b, rows)
+            if args.append:  # a second comparison under its own heading
+                text = "\n## " + args.append + "\n" + text.split("\n", 1)[1]
+            with open(args.md, "a" if args.append else "w") as f:
+                f.write(text)
             print(f"wrote {args.md}")
         return
     if not args.backend:

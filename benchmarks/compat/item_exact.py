@@ -343,7 +343,9 @@ FAILURE_CLASSES = [
 
 def failure_class(result):
     import re
-    if result is None or result.get("status") == "ok":
+    if result is None:
+        return "not run"
+    if result.get("status") == "ok":
         return ""
     for name, pattern in FAILURE_CLASSES:
         if re.search(pattern, result.get("error", "")):

@@ -62,7 +62,7 @@ class Table:
     def __init__(self, name: str, sampler: selectors.ItemSelector,
                  remover: selectors.ItemSelector, max_size: int,
                  rate_limiter: rate_limiters.RateLimiter, max_times_sampled: int = 0,
-                 extensions=(), signature=None):
+                 extensions=(), signature=None, *, arena_bytes: Optional[int] = None):
         self.name = validate_name(name, "Table", MAX_TABLE_NAME)
         for arg, value in (("sampler", sampler), ("remover", remover)):
             if not isinstance(value, selectors.ItemSelector):
@@ -81,6 +81,11 @@ class Table:
         self.max_size = int(max_size)
         self.rate_limiter = rate_limiter
         self.max_times_sampled = max(0, int(max_times_sampled))
+        if arena_bytes is not None:
+            _check_integer(name, "arena_bytes", arena_bytes, 0, 1 << 40)
+        # shmreplay's own keyword: bytes of shared memory for items of another shape
+        # than the table's columns (None: 4 MiB without a signature, else 0).
+        self.arena_bytes = None if arena_bytes is None else int(arena_bytes)
         self.signature = None
         self.column_specs = None
         if signature is not None:
@@ -107,7 +112,7 @@ class Table:
     def replace(self, name: Optional[str] = None, sampler=None, remover=None,
                 max_size: Optional[int] = None, rate_limiter=None,
                 max_times_sampled: Optional[int] = None, extensions=None,
-                signature=None) -> "Table":
+                signature=None, *, arena_bytes: Optional[int] = None) -> "Table":
         """Returns a new, unbound table with some settings replaced."""
         return Table(
             name=self.name if name is None else name,
@@ -117,7 +122,8 @@ class Table:
             rate_limiter=self.rate_limiter if rate_limiter is None else rate_limiter,
             max_times_sampled=(self.max_times_sampled if max_times_sampled is None
                                else max_times_sampled),
-            signature=self.signature if signature is None else signature)
+            signature=self.signature if signature is None else signature,
+            arena_bytes=self.arena_bytes if arena_bytes is None else arena_bytes)
 
     # --- live handle -----------------------------------------------------------------
 

@@ -49,6 +49,11 @@ class Sampling:
                     results.release(outputs)
         return self._sample_waiting(batch_size, timeout)
 
+    def sample_items(self, batch_size: int, timeout):
+        """``(batch, arena_rows)``: ``sample``, and the rows that are items of another
+        shape (``kinds.general``; a table with an arena binds its own)."""
+        return self.sample(batch_size, timeout), {}
+
     def _sample_waiting(self, batch_size: int, timeout, outputs=None):
         """The paths of ``sample`` that may wait. The waits inside see only what is
         left of ``timeout``; a timeout names the caller's."""

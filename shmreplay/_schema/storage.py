@@ -38,6 +38,9 @@ class Storage:
     store_specs: Tuple[Any, ...]      # TensorSpec per store (a step's shape for steps)
     store_sources: Tuple[Optional[str], ...] = ()  # the writer field each store holds
     columns: Tuple[ColumnRefs, ...] = ()
+    # Bytes of the general store for items the stores cannot hold (0: none; see
+    # ``shmreplay._shm.kernels.arena``). A table without a signature has one by default.
+    arena_bytes: int = 0
 
     @property
     def width(self) -> int:
@@ -55,9 +58,9 @@ class Storage:
         return specs.flatten(self.signature)[0]
 
 
-def whole_items(signature) -> Storage:
+def whole_items(signature, arena_bytes: int = 0) -> Storage:
     column_specs = specs.flatten(signature)[0]
-    return Storage(signature, False, tuple(column_specs))
+    return Storage(signature, False, tuple(column_specs), arena_bytes=int(arena_bytes))
 
 
 def step_storage(signature, cells, lengths, squeezes, sources) -> Storage:

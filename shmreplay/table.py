@@ -47,6 +47,12 @@ class Table:
         returns the item.
       signature: Optional nest of specs (``TensorSpec``, ``tf.TensorSpec``, ...) fixing
         each column's shape and dtype. Without one, the first inserted item fixes them.
+      arena_bytes: shmreplay's own keyword (keyword-only): bytes of shared memory for
+        items that the table's columns cannot hold (another structure, dtype or shape,
+        strings), its general store. Reverb allocates each item on its heap; a shared
+        segment has a fixed size, so it is chosen here. None: 4 MiB for a table
+        without a signature, 0 (none) for one with a signature. 0 turns it off: such
+        items are then refused with ``SchemaError`` as before.
 
     Raises:
       ValueError: on an invalid name, a ``max_size`` outside 1 .. 2**40 - 1, a
@@ -93,21 +99,23 @@ class Table:
         self._engine = None  # set by the Server that owns this table
 
     @classmethod
-    def queue(cls, name: str, max_size: int, extensions=(), signature=None) -> "Table":
+    def queue(cls, name: str, max_size: int, extensions=(), signature=None, *,
+              arena_bytes: Optional[int] = None) -> "Table":
         """A FIFO queue: each item is sampled once, in insertion order.
 
         Inserts block while ``max_size`` unsampled items wait; samples block while empty.
         """
         return cls(name, selectors.Fifo(), selectors.Fifo(), max_size,
                    rate_limiters.Queue(max_size), max_times_sampled=1,
-                   extensions=extensions, signature=signature)
+                   extensions=extensions, signature=signature, arena_bytes=arena_bytes)
 
     @classmethod
-    def stack(cls, name: str, max_size: int, extensions=(), signature=None) -> "Table":
+    def stack(cls, name: str, max_size: int, extensions=(), signature=None, *,
+              arena_bytes: Optional[int] = None) -> "Table":
         """A LIFO stack: each item is sampled once, newest first. Blocks like ``queue``."""
         return cls(name, selectors.Lifo(), selectors.Lifo(), max_size,
                    rate_limiters.Stack(max_size), max_times_sampled=1,
-                   extensions=extensions, signature=signature)
+                   extensions=extensions, signature=signature, arena_bytes=arena_bytes)
 
     def replace(self, name: Optional[str] = None, sampler=None, remover=None,
                 max_size: Optional[int] = None, rate_limiter=None,

@@ -82,8 +82,7 @@ def _leaf_record(leaf, table, path):
         raise errors.SchemaError(
             f"Table '{table}', column {path}: cannot store {type(leaf).__name__} of dtype "
             f"{array.dtype}: a leaf holds numbers, booleans or strings.")
-    array = np.ascontiguousarray(array)
-    return "n", array.dtype.str, array.shape, array.tobytes()
+    return "n", array.dtype.str, array.shape, array.tobytes(order="C")
 
 
 def _strings(values, table, path):

@@ -149,6 +149,24 @@ class Arena:
         batch, rows = self.sample_items(batch_size, timeout)
         return stack(self.engine, batch, rows) if rows else batch
 
+    # --- checkpoints -------------------------------------------------------------------
+
+    def copy_held(self, slots):
+        """``(lengths, bytes)`` of the held items ``slots`` (the table's lock is held):
+        per item its encoded length (0: a fixed-column item), and the encodings."""
+        engine = self.engine
+        meta, extents = engine.meta[slots], self.extents[slots]
+        lengths = np.where(
+            np.isin(meta[:, L.M_STATE], (codes.READY, codes.DRAINING))
+            & (extents[:, L.X_PAGES] > 0) & (extents[:, L.X_VERSION] == meta[:, L.M_VERSION]),
+            extents[:, L.X_BYTES], 0).astype(np.int64)
+        starts = extents[:, L.X_PAGE] * L.ARENA_PAGE
+        bad = (lengths < 0) | (lengths > 0) & ((starts < 0) | (starts + lengths > self.data.size))
+        lengths[bad] = 0  # (``verify`` reports such an extent; it is not copied)
+        parts = [self.data[start:start + length]
+                 for start, length in zip(starts.tolist(), lengths.tolist()) if length]
+        return lengths, (np.concatenate(parts) if parts else np.zeros(0, np.uint8))
+
     def verify(self) -> int:
         return self.engine._call(kernels.arena_verify, self.extents, self.owners)
 
@@ -160,6 +178,42 @@ class Arena:
         live = ((np.isin(meta[:, L.M_STATE], (codes.READY, codes.WRITING, codes.DRAINING)))
                 & (extents[:, L.X_PAGES] > 0) & (extents[:, L.X_VERSION] == meta[:, L.M_VERSION]))
         return int(extents[live, L.X_PAGES].sum()) * L.ARENA_PAGE
+
+
+def restore(engine, slots, lengths, data):
+    """Writes a checkpoint's arena items (``lengths`` per restored item, 0 for others,
+    and their encodings ``data``) into the new table's arena, page after page, before
+    it is served.
+
+    Raises:
+      CheckpointError: the lengths do not add up to the data.
+      ValueError: the table has no arena, or too small a one.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    if len(lengths) != len(slots) or (lengths < 0).any() or int(lengths.sum()) != len(data):
+        raise errors.CheckpointError(
+            f"Table '{engine.name}': the checkpoint's arena lengths do not add up to its "
+            f"{len(data)} bytes of arena items: the file is damaged.")
+    pages = -(-lengths // L.ARENA_PAGE)
+    arena = engine.arena
+    have = 0 if arena is None else arena.owners.shape[0]
+    if int(pages.sum()) > have:
+        raise ValueError(
+            f"Table '{engine.name}': the checkpoint's items of other shapes need "
+            f"{int(pages.sum()) * L.ARENA_PAGE} bytes of general store (arena); the table "
+            f"has {have * L.ARENA_PAGE}. Give it Table(..., arena_bytes=N) at least that.")
+    page = at = items = 0
+    for slot, length, count in zip(np.asarray(slots).tolist(), lengths.tolist(),
+                                   pages.tolist()):
+        if not length:
+            continue
+        arena.data[page * L.ARENA_PAGE:page * L.ARENA_PAGE + length] = data[at:at + length]
+        arena.extents[slot] = (page, count, engine.meta[slot, L.M_VERSION], length)
+        arena.owners[page:page + count] = slot + 1
+        page += count
+        at += length
+        items += 1
+    engine.ctrl[L.C_ARENA_ITEMS] = items
 
 
 def stack(engine, batch, arena_rows):

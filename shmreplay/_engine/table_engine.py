@@ -208,9 +208,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         views = L.arena_views(segment.buf, plan, self.capacity)
         self.arena = None if views is None else _general.Arena(self, views)
         if self.arena is not None:  # (bound here only: other tables' calls stay as they are)
-            self.arena.kind_gather = self.kind.gather
             self.arena.plain_sample = Sampling.sample.__get__(self)
-            self._gather = self.arena.gather
             self.sample = self.arena.sample
             self.sample_items = self.arena.sample_items
 

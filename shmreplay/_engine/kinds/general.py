@@ -8,8 +8,6 @@ Allocation and copies out run in ``shmreplay._shm.kernels.arena`` under the tabl
 lock; the encoding is ``shmreplay._schema.general_codec``.
 """
 
-import threading
-
 import numpy as np
 
 from shmreplay import errors, specs
@@ -39,7 +37,6 @@ class Arena:
         self.engine = engine
         self.extents, self.owners, self.data = views
         self.capacity_bytes = self.data.shape[0]
-        self._local = threading.local()  # per sampling thread: the arena items it read
 
     # --- inserting ---------------------------------------------------------------------
 
@@ -92,15 +89,6 @@ class Arena:
 
     # --- sampling ----------------------------------------------------------------------
 
-    def gather(self, slots):
-        """The kind's gather, plus, while a ``sample_items`` call of this thread runs,
-        a copy of the arena items among ``slots`` (before it frees slots it deleted)."""
-        data = self.kind_gather(slots)
-        found = getattr(self._local, "found", None)
-        if found is not None:
-            found.update(self.read(slots))
-        return data
-
     def read(self, slots):
         """``{slot: (key, bytes)}`` of the arena items among ``slots``, copied under the lock."""
         engine = self.engine
@@ -131,11 +119,15 @@ class Arena:
                 return batch, {}
             # The first arena item came during the draw: the batch may hold it. Draw
             # again the general way (once per layout).
-        self._local.found = found = {}
-        try:
-            batch = engine._sample_waiting(batch_size, timeout)
-        finally:
-            self._local.found = None
+        found = {}
+        kind_gather = engine.kind.gather
+
+        def gather(slots):  # the rows, and (before this call frees any it deleted) the
+            data = kind_gather(slots)  # arena items among them, copied under the lock
+            found.update(self.read(slots))
+            return data
+
+        batch = engine._sample_waiting(batch_size, timeout, None, gather)
         rows = {}
         slot_mask = (1 << int(ctrl[L.C_SLOT_BITS])) - 1
         for row, key in enumerate(batch.info.key.view(np.int64).tolist()):

@@ -50,7 +50,7 @@ class Table:
       arena_bytes: shmreplay's own keyword (keyword-only): bytes of shared memory for
         items that the table's columns cannot hold (another structure, dtype or shape,
         strings), its general store. Reverb allocates each item on its heap; a shared
-        segment has a fixed size, so it is chosen here. None: 4 MiB for a table
+        segment has a fixed size, so it is chosen here. None: 1 MiB for a table
         without a signature, 0 (none) for one with a signature. 0 turns it off: such
         items are then refused with ``SchemaError`` as before.
 
@@ -64,6 +64,9 @@ class Table:
     Once the table is passed to a ``Server``, ``info``, ``can_sample`` and
     ``can_insert`` report the live table.
     """
+
+    # (a Table pickled before the keyword existed, in a checkpoint: the default)
+    arena_bytes: Optional[int] = None
 
     def __init__(self, name: str, sampler: selectors.ItemSelector,
                  remover: selectors.ItemSelector, max_size: int,
@@ -90,7 +93,7 @@ class Table:
         if arena_bytes is not None:
             _check_integer(name, "arena_bytes", arena_bytes, 0, 1 << 40)
         # shmreplay's own keyword: bytes of shared memory for items of another shape
-        # than the table's columns (None: 4 MiB without a signature, else 0).
+        # than the table's columns (None: 1 MiB without a signature, else 0).
         self.arena_bytes = None if arena_bytes is None else int(arena_bytes)
         self.signature = None
         self.column_specs = None

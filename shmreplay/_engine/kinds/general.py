@@ -18,7 +18,7 @@ from shmreplay._shm.kernels import codes
 from shmreplay._shm.procs import STAMP as _STAMP
 
 # ``Table(arena_bytes=...)`` unset, for a table without a signature.
-DEFAULT_ARENA_BYTES = 4 << 20
+DEFAULT_ARENA_BYTES = 1 << 20
 
 
 def arena_bytes_of(config) -> int:

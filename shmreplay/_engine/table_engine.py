@@ -206,9 +206,8 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.write_items = self.kind.write_items
         self._gather = self.kind.gather
         views = L.arena_views(segment.buf, plan, self.capacity)
-        self.arena = None if views is None else _general.Arena(self, views)
+        self.arena = None if views is None else _general.Arena(self, views, Sampling.sample)
         if self.arena is not None:  # (bound here only: other tables' calls stay as they are)
-            self.arena.plain_sample = Sampling.sample.__get__(self)
             self.sample = self.arena.sample
             self.sample_items = self.arena.sample_items
 
@@ -334,10 +333,6 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.detach()
         self.storage = self.signature = self.treedef = self.paths = None
         self.column_specs = self.forms = None
-        if getattr(self, "arena", None) is not None:
-            for name in ("sample", "sample_items"):
-                self.__dict__.pop(name, None)
-        self.arena = None
         self._flat_keys = UNSET
         self.layout_gen = generation
         self._table_offsets[kernels.TABLE_STAMP] = generation
@@ -462,8 +457,9 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.columns = None
         self.whole_items = False
         self._results = self._data_bytes = self._stagings = None  # (data segment views)
-        self.kind = None
-        for bound in ("reserve_items", "write_items", "_gather"):  # (the kind's)
+        self.kind = self.arena = None
+        for bound in ("reserve_items", "write_items", "_gather",  # (the kind's, the arena's)
+                      "sample", "sample_items"):
             self.__dict__.pop(bound, None)
         if self.data_segment is not None:
             self.data_segment.close()

@@ -8,6 +8,8 @@ Allocation and copies out run in ``shmreplay._shm.kernels.arena`` under the tabl
 lock; the encoding is ``shmreplay._schema.general_codec``.
 """
 
+import weakref
+
 import numpy as np
 
 from shmreplay import errors, specs
@@ -19,6 +21,7 @@ from shmreplay._shm.procs import STAMP as _STAMP
 
 # ``Table(arena_bytes=...)`` unset, for a table without a signature.
 DEFAULT_ARENA_BYTES = 1 << 20
+_ARENA_ITEMS = L.C_ARENA_ITEMS
 
 
 def arena_bytes_of(config) -> int:
@@ -33,10 +36,18 @@ def arena_bytes_of(config) -> int:
 class Arena:
     """One table's arena, mapped for its engine."""
 
-    def __init__(self, engine, views):
-        self.engine = engine
+    def __init__(self, engine, views, plain_sample):
+        # A weak reference: the engine binds this arena's calls over its own, and a
+        # cycle would keep a dropped Client's mappings until the next collection.
+        self._engine = weakref.ref(engine)
+        self.plain_sample = plain_sample  # the engine's own ``sample`` (unbound)
         self.extents, self.owners, self.data = views
         self.capacity_bytes = self.data.shape[0]
+        self.ctrl = engine.ctrl
+
+    @property
+    def engine(self):
+        return self._engine()
 
     # --- inserting ---------------------------------------------------------------------
 
@@ -114,7 +125,7 @@ class Arena:
         engine = self.engine
         ctrl = engine.ctrl
         if not ctrl[L.C_ARENA_ITEMS]:
-            batch = self.plain_sample(batch_size, timeout)
+            batch = self.plain_sample(engine, batch_size, timeout)
             if not ctrl[L.C_ARENA_ITEMS]:  # (none reserved before or during the draw)
                 return batch, {}
             # The first arena item came during the draw: the batch may hold it. Draw
@@ -138,6 +149,11 @@ class Arena:
 
     def sample(self, batch_size: int, timeout):
         """``sample_batch``: the batch stacked if its items agree (see ``stack``)."""
+        ctrl = self.ctrl
+        if not ctrl[_ARENA_ITEMS]:  # (``sample_items``' first lines, one call less)
+            batch = self.plain_sample(self._engine(), batch_size, timeout)
+            if not ctrl[_ARENA_ITEMS]:
+                return batch
         batch, rows = self.sample_items(batch_size, timeout)
         return stack(self.engine, batch, rows) if rows else batch
 

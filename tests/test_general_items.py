@@ -255,3 +255,36 @@ def test_checkpoint_round_trip_keeps_arena_items(buffer_name, tmp_path):
             _same(got, want)
         client.insert(np.zeros(7), {"t": 1.0})  # the restored arena takes new items
         assert _drain(client, 1)[0][0].shape == (1, 7)
+
+
+def test_one_insert_into_two_tables_all_or_none_when_one_takes_it_in_its_arena(buffer_name):
+    tables = [shmreplay.Table.queue("odd", 10, arena_bytes=4096),
+              shmreplay.Table.queue("signed", 10, signature=np.zeros(2, np.int64))]
+    with shmreplay.Server(tables, name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        client.insert(np.float32(0), {"odd": 1.0})
+        keys = client.insert(np.arange(2), {"odd": 1.0, "signed": 1.0})  # arena + columns
+        assert set(keys) == {"odd", "signed"}
+        with pytest.raises(errors.ArenaFullError):  # too large for "odd": neither takes it
+            client.insert_batch(np.zeros((3, 600), np.int64), {"odd": np.ones(3)})
+        with pytest.raises(errors.SchemaError):  # "signed" refuses it: "odd" does not keep it
+            client.insert(np.arange(3), {"odd": 1.0, "signed": 1.0})
+        info = client.server_info()
+        assert info["odd"].current_size == 2 and info["signed"].current_size == 1
+        assert client.verify("odd") == [] and client.verify("signed") == []
+        # A batch whose items fit one by one but not together: the remover evicts to
+        # make room (as for any insert), and the slots already reserved are given back.
+        with pytest.raises(errors.ArenaFullError):
+            client.insert_batch(np.zeros((3, 190), np.int64), {"odd": np.ones(3)})
+        assert client._engine("odd").ctrl[L.C_PENDING] == 0
+        assert client.verify("odd") == []
+        client.insert_batch(np.zeros((2, 190), np.int64), {"odd": np.ones(2)})
+
+
+def test_a_table_with_a_signature_keeps_its_sampling_path_untouched(buffer_name):
+    tables = [shmreplay.Table.queue("signed", 10, signature=np.zeros(2, np.int64))]
+    with shmreplay.Server(tables, name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        client.insert(np.arange(2), {"signed": 1.0})
+        engine = client._engine("signed")
+        assert engine.arena is None and "sample" not in engine.__dict__

@@ -51,8 +51,9 @@ class Table:
         items that the table's columns cannot hold (another structure, dtype or shape,
         strings), its general store. Reverb allocates each item on its heap; a shared
         segment has a fixed size, so it is chosen here. None: 1 MiB for a table
-        without a signature, 0 (none) for one with a signature. 0 turns it off: such
-        items are then refused with ``SchemaError`` as before.
+        without a signature. 0 turns it off: such items are then refused with
+        ``SchemaError`` as before. A table with a signature has none (a value > 0
+        raises ``ValueError``).
 
     Raises:
       ValueError: on an invalid name, a ``max_size`` outside 1 .. 2**40 - 1, a
@@ -99,6 +100,11 @@ class Table:
         self.column_specs = None
         if signature is not None:
             self.signature, _, self.column_specs = specs.normalize_signature(signature, self.name)
+            if arena_bytes:
+                raise ValueError(
+                    f"Table '{name}': arena_bytes holds items that do not match a table "
+                    "without a signature; a signature fixes every item's shapes (None "
+                    "dimensions and string columns are not supported yet). Leave one out.")
         self._engine = None  # set by the Server that owns this table
 
     @classmethod

@@ -288,3 +288,9 @@ def test_a_table_with_a_signature_keeps_its_sampling_path_untouched(buffer_name)
         client.insert(np.arange(2), {"signed": 1.0})
         engine = client._engine("signed")
         assert engine.arena is None and "sample" not in engine.__dict__
+
+
+def test_a_signature_and_an_arena_are_refused_together():
+    with pytest.raises(ValueError, match=r"Table 'q': arena_bytes .* signature"):
+        shmreplay.Table.queue("q", 10, signature=np.zeros(2), arena_bytes=4096)
+    assert shmreplay.Table.queue("q", 10, signature=np.zeros(2), arena_bytes=0).arena_bytes == 0

@@ -144,8 +144,8 @@ def arena_items(engine, data, batched: bool, refused, timeout):
                               timeout)
         if engine.arena is None:  # (another process defined other storage first)
             raise refused
-    if engine.arena is None:
-        raise refused
+    if engine.arena is None or engine.config.signature is not None:
+        raise refused  # (a signature is the items' contract)
     try:
         return _general.Arena.encode_for(engine.name, data, batched)
     except errors.SchemaError:

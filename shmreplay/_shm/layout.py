@@ -130,7 +130,8 @@ MUTEX_WORDS = 8
  C_DATA_TOKEN, C_CREATOR_PID, C_CREATOR_START,
  # Arena reservations (items of any shape, ``shmreplay._shm.kernels.arena``) since the
  # layout was defined; never decremented. While 0, sampling takes the fused fast path.
- C_ARENA_ITEMS) = range(MUTEX_WORDS, MUTEX_WORDS + 51)
+ # The page after the last run taken: where the next search starts (a hint, any value).
+ C_ARENA_ITEMS, C_ARENA_ROVER) = range(MUTEX_WORDS, MUTEX_WORDS + 52)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item

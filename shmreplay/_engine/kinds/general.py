@@ -222,6 +222,7 @@ def restore(engine, slots, lengths, data):
         at += length
         items += 1
     engine.ctrl[L.C_ARENA_ITEMS] = items
+    engine.ctrl[L.C_ARENA_ROVER] = page
 
 
 def stack(engine, batch, arena_rows):

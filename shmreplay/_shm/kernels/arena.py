@@ -23,7 +23,8 @@ from shmreplay._shm.kernels.inserting import _enter_insert
 from shmreplay._shm.kernels.locking import (
     _bump, _lock_items, _stop_point, _unlock, _unlock_and_wake)
 from shmreplay._shm.layout import (
-    ARENA_PAGE, C_ARENA_ITEMS, C_FRESH, C_PENDING, C_RESERVES, C_SIZE, C_SPACE_SEQ, M_KEY, M_STATE,
+    ARENA_PAGE, C_ARENA_ITEMS, C_ARENA_ROVER,
+    C_FRESH, C_PENDING, C_RESERVES, C_SIZE, C_SPACE_SEQ, M_KEY, M_STATE,
     M_VERSION, M_WRITER, X_BYTES, X_PAGE, X_PAGES, X_VERSION)
 
 ARENA = 256  # ``verify``'s bit: a live arena item's extent is out of range or not its own
@@ -51,12 +52,10 @@ def _used_until(meta, extents, owners, page):
 
 
 @kernel
-def find_run(meta, extents, owners, need):
-    """The first page of ``need`` free pages in a row, or -1 (first fit)."""
-    total = owners.shape[0]
-    start = 0
-    page = 0
-    while page < total:
+def _run_between(meta, extents, owners, need, start, stop):
+    """The first page of ``need`` free pages in a row within ``[start, stop)``, or -1."""
+    page = start
+    while page < stop:
         if page - start >= need:
             return start
         end = _used_until(meta, extents, owners, page)
@@ -65,7 +64,23 @@ def find_run(meta, extents, owners, need):
         else:
             page = end
             start = end
-    return start if total - start >= need else -1
+    return start if stop - start >= need else -1
+
+
+@kernel
+def find_run(ctrl, meta, extents, owners, need):
+    """The first page of ``need`` free pages in a row, or -1: next fit from the rover
+    (``C_ARENA_ROVER``, where the last run ended), then from the arena's start. The
+    rover is a hint: any value of it is safe."""
+    total = owners.shape[0]
+    rover = ctrl[C_ARENA_ROVER]
+    if rover < 0 or rover >= total:
+        rover = 0
+    first = _run_between(meta, extents, owners, need, rover, total)
+    if first < 0 and rover > 0:
+        # (a run may straddle the rover: search up to where one could end)
+        first = _run_between(meta, extents, owners, need, 0, min(total, rover + need - 1))
+    return first
 
 
 @kernel
@@ -86,13 +101,13 @@ def arena_reserve(ctrl, fctrl, meta, prio, trees, refs, rows, extents, owners, n
                            io)
     if status != 0:
         return status
-    first = find_run(meta, extents, owners, need)
+    first = find_run(ctrl, meta, extents, owners, need)
     evicted = 0
     while first < 0 and ctrl[C_SIZE] > 0:
         victim = items.select(ctrl, fctrl, meta, trees, 1, io)
         items.remove(ctrl, meta, prio, trees, refs, rows, victim, True)
         evicted += 1
-        first = find_run(meta, extents, owners, need)
+        first = find_run(ctrl, meta, extents, owners, need)
     if first < 0:
         if evicted:
             _bump(ctrl, C_SPACE_SEQ)
@@ -109,6 +124,7 @@ def arena_reserve(ctrl, fctrl, meta, prio, trees, refs, rows, extents, owners, n
     extents[slot, X_BYTES] = nbytes
     for page in range(first, first + need):
         owners[page] = slot + 1
+    ctrl[C_ARENA_ROVER] = first + need
     meta[slot, M_VERSION] = version
     meta[slot, M_WRITER] = pid
     meta[slot, M_STATE] = codes.WRITING

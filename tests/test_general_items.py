@@ -294,3 +294,25 @@ def test_a_signature_and_an_arena_are_refused_together():
     with pytest.raises(ValueError, match=r"Table 'q': arena_bytes .* signature"):
         shmreplay.Table.queue("q", 10, signature=np.zeros(2), arena_bytes=4096)
     assert shmreplay.Table.queue("q", 10, signature=np.zeros(2), arena_bytes=0).arena_bytes == 0
+
+
+def test_random_sizes_deletes_and_evictions_keep_every_item_whole(buffer_name):
+    rng = np.random.default_rng(7)
+    with shmreplay.Server([_uniform("t", 50, arena_bytes=32 << 10)], name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        client.insert(np.float32(0), {"t": 1.0})
+        values = {}
+        for i in range(400):
+            size = int(rng.integers(1, 600))
+            key = client.insert({"v": np.full(size, i, np.int32)}, {"t": 1.0})["t"]
+            values[key] = (i, size)
+            if rng.random() < 0.2:
+                client.mutate_priorities("t", deletes=[int(rng.choice(list(values)))])
+        assert client.verify("t") == []
+        checked = 0
+        for sample in client.sample("t", 100, emit_timesteps=False, timeout=5):
+            if sample.info.key in values and len(sample.data) == 1 and sample.data[0].ndim == 2:
+                i, size = values[sample.info.key]
+                assert sample.data[0].shape == (1, size) and (sample.data[0] == i).all()
+                checked += 1
+        assert checked > 50

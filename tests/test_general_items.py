@@ -316,3 +316,13 @@ def test_random_sizes_deletes_and_evictions_keep_every_item_whole(buffer_name):
                 assert sample.data[0].shape == (1, size) and (sample.data[0] == i).all()
                 checked += 1
         assert checked > 50
+
+
+def test_a_first_item_of_strings_makes_a_table_whose_items_all_go_to_the_arena(buffer_name):
+    with shmreplay.Server([shmreplay.Table.queue("t", 10)], name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        client.insert({"text": "first", "n": np.int8(1)}, {"t": 1.0})
+        client.insert(np.zeros(2), {"t": 1.0})
+        got = _drain(client, 2)
+        _same(got[0], {"text": "first", "n": np.int8(1)})
+        _same(got[1], np.zeros(2))

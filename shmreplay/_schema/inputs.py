@@ -142,8 +142,9 @@ def arena_items(engine, data, batched: bool, refused, timeout):
             raise refused from None
         engine.define_storage(_storage.whole_items((), _general.arena_bytes_of(engine.config)),
                               timeout)
-        if engine.arena is None:  # (another process defined other storage first)
-            raise refused
+        if engine.arena is not None:
+            return blobs
+        raise refused  # (another process defined storage without an arena first)
     if engine.arena is None or engine.config.signature is not None:
         raise refused  # (a signature is the items' contract)
     try:

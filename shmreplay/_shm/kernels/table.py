@@ -34,7 +34,8 @@ from shmreplay._shm.kernels.upkeep import (
     reset, close, snapshot, hold_items, release_hold, restore_items, writing_slots, verify)
 
 __all__ = [
-    "arena_read", "arena_reserve", "arena_verify", "ascending_run", "cancel", "close", "commit", "commit_one", "commit_whole",
+    "arena_read", "arena_reserve", "arena_verify",
+    "ascending_run", "cancel", "close", "commit", "commit_one", "commit_whole",
     "first_invalid_priority", "hold_items", "importance_weights", "insert_staged", "mutate",
     "rate_check", "release_drained", "release_hold", "reserve", "reserve_item", "reserve_one",
     "reserve_whole", "reset", "restore_items", "sample", "sample_gather", "seed", "snapshot",

@@ -343,12 +343,16 @@ class Client:
         for _ in range(int(num_samples)):
             try:
                 engine = self._engine(table, timeout)
-                batch = _after_layout_reset(engine.sample, 1, timeout)
+                batch, arena_rows = _after_layout_reset(
+                    lambda: engine.sample_items(1, timeout))
             except Exception as exc:
                 self._raise_if_closed(exc)
                 raise
             info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
-            columns = _item_forms.reverb_columns(engine, batch)
+            if arena_rows:  # an item of another shape: its own leaves, as Reverb's view
+                columns = [leaf[None] for leaf in arena_rows[0][1]]
+            else:
+                columns = _item_forms.reverb_columns(engine, batch)
             # As in Reverb: unpacked only for a table with a signature, else flat.
             unpack = unpack_as_table_signature and engine.config.signature is not None
             unflatten = _item_forms.unflattener(engine) if unpack else list

@@ -142,3 +142,13 @@ class SharedMemoryFullError(ShmReplayError, MemoryError):
 class SegmentSquattedError(BufferExistsError):
     """A name shmreplay must create in /dev/shm is taken by something not of ours
     (another user's file, not a regular file); the message names its path and owner."""
+
+
+class ArenaFullError(SchemaError):
+    """An item of another shape cannot fit the table's general store (its arena) even
+    with the table emptied: give the table a larger ``arena_bytes``."""
+
+
+class CorruptItemError(BufferBrokenError):
+    """An item in a table's general store (its arena) is not a valid encoding: the
+    shared memory was damaged, or written by a hostile process."""

@@ -54,6 +54,13 @@ class Table:
         holds (None: room for ``max_size`` items twice as long as the first). An item
         that does not fit makes the remover evict items, as ``max_size`` does
         (``docs/writers.md``).
+      arena_bytes: shmreplay's own keyword (keyword-only): bytes of shared memory for
+        items that the table's columns cannot hold (another structure, dtype or shape,
+        strings), its general store. Reverb allocates each item on its heap; a shared
+        segment has a fixed size, so it is chosen here. None: 1 MiB for a table
+        without a signature. 0 turns it off: such items are then refused with
+        ``SchemaError`` as before. A table with a signature has none (a value > 0
+        raises ``ValueError``).
 
     Raises:
       ValueError: on an invalid name, a ``max_size`` outside 1 .. 2**40 - 1, a
@@ -66,10 +73,15 @@ class Table:
     ``can_insert`` report the live table.
     """
 
+    # (a Table pickled before the keyword existed, in a checkpoint: the default)
+    arena_bytes: Optional[int] = None
+    max_steps: Optional[int] = None
+
     def __init__(self, name: str, sampler: selectors.ItemSelector,
                  remover: selectors.ItemSelector, max_size: int,
                  rate_limiter: rate_limiters.RateLimiter, max_times_sampled: int = 0,
-                 extensions=(), signature=None, *, max_steps: Optional[int] = None):
+                 extensions=(), signature=None, *, max_steps: Optional[int] = None,
+                 arena_bytes: Optional[int] = None):
         self.name = validate_name(name, "Table", MAX_TABLE_NAME)
         for arg, value in (("sampler", sampler), ("remover", remover)):
             if not isinstance(value, selectors.ItemSelector):
@@ -91,33 +103,45 @@ class Table:
         self.max_size = int(max_size)
         self.rate_limiter = rate_limiter
         self.max_times_sampled = max(0, int(max_times_sampled))
+        if arena_bytes is not None:
+            _check_integer(name, "arena_bytes", arena_bytes, 0, 1 << 40)
+        # shmreplay's own keyword: bytes of shared memory for items of another shape
+        # than the table's columns (None: 1 MiB without a signature, else 0).
+        self.arena_bytes = None if arena_bytes is None else int(arena_bytes)
         self.signature = None
         self.column_specs = None
         if signature is not None:
             self.signature, _, self.column_specs = specs.normalize_signature(signature, self.name)
+            if arena_bytes:
+                raise ValueError(
+                    f"Table '{name}': arena_bytes holds items that do not match a table "
+                    "without a signature; a signature fixes every item's shapes (None "
+                    "dimensions and string columns are not supported yet). Leave one out.")
         self._engine = None  # set by the Server that owns this table
 
     @classmethod
-    def queue(cls, name: str, max_size: int, extensions=(), signature=None) -> "Table":
+    def queue(cls, name: str, max_size: int, extensions=(), signature=None, *,
+              arena_bytes: Optional[int] = None) -> "Table":
         """A FIFO queue: each item is sampled once, in insertion order.
 
         Inserts block while ``max_size`` unsampled items wait; samples block while empty.
         """
         return cls(name, selectors.Fifo(), selectors.Fifo(), max_size,
                    rate_limiters.Queue(max_size), max_times_sampled=1,
-                   extensions=extensions, signature=signature)
+                   extensions=extensions, signature=signature, arena_bytes=arena_bytes)
 
     @classmethod
-    def stack(cls, name: str, max_size: int, extensions=(), signature=None) -> "Table":
+    def stack(cls, name: str, max_size: int, extensions=(), signature=None, *,
+              arena_bytes: Optional[int] = None) -> "Table":
         """A LIFO stack: each item is sampled once, newest first. Blocks like ``queue``."""
         return cls(name, selectors.Lifo(), selectors.Lifo(), max_size,
                    rate_limiters.Stack(max_size), max_times_sampled=1,
-                   extensions=extensions, signature=signature)
+                   extensions=extensions, signature=signature, arena_bytes=arena_bytes)
 
     def replace(self, name: Optional[str] = None, sampler=None, remover=None,
                 max_size: Optional[int] = None, rate_limiter=None,
                 max_times_sampled: Optional[int] = None, extensions=None,
-                signature=None) -> "Table":
+                signature=None, *, arena_bytes: Optional[int] = None) -> "Table":
         """Returns a new, unbound table with some settings replaced."""
         return Table(
             name=self.name if name is None else name,
@@ -127,7 +151,8 @@ class Table:
             rate_limiter=self.rate_limiter if rate_limiter is None else rate_limiter,
             max_times_sampled=(self.max_times_sampled if max_times_sampled is None
                                else max_times_sampled),
-            signature=self.signature if signature is None else signature)
+            signature=self.signature if signature is None else signature,
+            arena_bytes=self.arena_bytes if arena_bytes is None else arena_bytes)
 
     # --- live handle -----------------------------------------------------------------
 

@@ -244,7 +244,8 @@ def test_a_namedtuple_counts_by_name_and_fields_not_by_class(buffer_name):
     first = collections.namedtuple("Transition", "obs reward")
     again = collections.namedtuple("Transition", "obs reward")
     other = collections.namedtuple("Transition", "obs action")
-    tables = [shmreplay.Table.queue("q", 10), shmreplay.Table.queue("w", 10)]
+    # (arena_bytes=0: refused, not stored whole in the general store; see test_general_items)
+    tables = [shmreplay.Table.queue("q", 10, arena_bytes=0), shmreplay.Table.queue("w", 10)]
     with shmreplay.Server(tables, name=buffer_name) as server:
         client = shmreplay.Client(server.name)
         client.insert(first(np.zeros(2, np.float32), np.float32(1)), {"q": 1.0})

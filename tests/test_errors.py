@@ -45,9 +45,12 @@ def tables():
     return [
         shmreplay.Table("sig", sampler=selectors.Prioritized(1.0), remover=selectors.Fifo(),
                         max_size=100, rate_limiter=rate_limiters.MinSize(1), signature=SIGNATURE),
-        shmreplay.Table.queue("q", 3),                   # no signature: the first item fixes it
+        # No signature: the first item fixes it. (arena_bytes=0: refused, not stored
+        # whole in the general store; see test_general_items)
+        shmreplay.Table.queue("q", 3, arena_bytes=0),
         shmreplay.Table("raw", sampler=selectors.Uniform(), remover=selectors.Fifo(),
-                        max_size=10, rate_limiter=rate_limiters.MinSize(1)),   # stays unsigned
+                        max_size=10, rate_limiter=rate_limiters.MinSize(1),
+                        arena_bytes=0),   # stays unsigned
     ]
 
 
@@ -569,7 +572,9 @@ def test_stopped_server_wakes_blocked_callers_and_refuses_new_ones():
 def test_python_scalars_are_inserted_only_when_their_column_stores_them_unchanged():
     # The writers' rule, on every insert path (one table: the fast path; two: the
     # general one): ints exactly, floats rounded but never overflowing.
-    tables = [shmreplay.Table.queue("q", 10), shmreplay.Table.queue("r", 10)]
+    # (arena_bytes=0: refused, not stored whole in the general store; see test_general_items)
+    tables = [shmreplay.Table.queue("q", 10, arena_bytes=0),
+              shmreplay.Table.queue("r", 10, arena_bytes=0)]
     with shmreplay.Server(tables, name=new_name("scalars")) as server:
         client = shmreplay.Client(server.name)
         first = {"u": np.uint8(1), "f": np.float32(1), "h": np.float16(1)}
@@ -595,7 +600,8 @@ def test_python_scalars_are_inserted_only_when_their_column_stores_them_unchange
 
 
 def test_python_ints_exact_in_a_float_column_take_the_fast_path():
-    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=new_name("fastint")) as server:
+    with shmreplay.Server([shmreplay.Table.queue("q", 10, arena_bytes=0)],
+                          name=new_name("fastint")) as server:
         client = shmreplay.Client(server.name)
         client.insert({"r": np.float32(0.5)}, {"q": 1.0})
         engine = client._engine("q")

@@ -14,7 +14,8 @@ import _names
 
 
 def queue(signature=None):
-    return shmreplay.Table.queue("q", 20, signature=signature)
+    # (arena_bytes=0: refused, not stored whole in the general store; see test_general_items)
+    return shmreplay.Table.queue("q", 20, signature=signature, arena_bytes=0)
 
 
 def test_a_reset_table_takes_items_of_another_layout():

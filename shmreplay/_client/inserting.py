@@ -32,19 +32,31 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
     for table, priority in priorities.items():
         engine = engine_of(table)
         prios = _inputs.check_priorities(engine, priority, count)
-        arrays, proposal, form = _inputs.prepare_leaves(engine, leaves, treedef, batched)
+        try:
+            arrays, proposal, form = _inputs.prepare_leaves(engine, leaves, treedef, batched)
+        except errors.SchemaError as refused:
+            # Not the table's columns: its general store takes it, if it has one.
+            blobs = _inputs.arena_items(engine, data, batched, refused, timeout)
+            _inputs.check_batch_fits(engine, count)
+            plans.append([engine, blobs, prios, None, 0, True])
+            continue
         _inputs.check_batch_fits(engine, count)
-        plans.append([engine, arrays, prios, proposal, form])
+        plans.append([engine, arrays, prios, proposal, form, False])
     for plan in plans:
         engine, proposal = plan[0], plan[3]
         if proposal is not None:  # a table's first item fixes its storage
             engine.define_storage(proposal, timeout)
             plan[1], _, plan[4] = _inputs.prepare_leaves(engine, leaves, treedef, batched)
-    reserved = _reserve_in_every_table([plan[0] for plan in plans], [plan[1] for plan in plans],
-                                       count, deadline, timeout)
+    reservers = [_arena_reserver(plan[0], plan[1]) if plan[5]
+                 else _reserver(plan[0], count, plan[1]) for plan in plans]
+    reserved = _reserve_in_every_table([plan[0] for plan in plans], reservers, deadline,
+                                       timeout)
     try:
-        for (engine, arrays, *_), (slots, rows) in zip(plans, reserved):
-            engine.write_items(slots, rows, arrays, batched)
+        for (engine, arrays, _, _, _, general), (slots, rows) in zip(plans, reserved):
+            if general:
+                engine.arena.write(slots, arrays)
+            else:
+                engine.write_items(slots, rows, arrays, batched)
     except BaseException:
         for (engine, *_), (slots, _) in zip(plans, reserved):
             engine.cancel(slots)
@@ -54,7 +66,7 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
     # process, say): the call then gives every reservation up. Once one table has the
     # item, the others wait for their locks as long as it takes (Ctrl-C still works):
     # an item is in every table it names or in none.
-    for i, ((engine, _, prios, _, form), (slots, _)) in enumerate(zip(plans, reserved)):
+    for i, ((engine, _, prios, _, form, _), (slots, _)) in enumerate(zip(plans, reserved)):
         try:
             committed = engine.commit(slots, prios, deadline if i == 0 else None, timeout)
         except BaseException:
@@ -66,9 +78,19 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
     return keys
 
 
-def _reserve_in_every_table(engines, arrays, count: int, deadline, timeout: Optional[float]):
-    """``count`` slots in each table (``engine.reserve_items``, for its ``arrays``), all or
-    none.
+def _reserver(engine, count: int, arrays):
+    """``reserve_items`` of ``count`` items of ``arrays`` into ``engine``'s stores."""
+    return lambda timeout: engine.reserve_items(count, timeout, arrays)
+
+
+def _arena_reserver(engine, blobs):
+    """``reserve_items`` for items going to ``engine``'s general store."""
+    return lambda timeout: (engine.arena.reserve(blobs, timeout), None)
+
+
+def _reserve_in_every_table(engines, reservers, deadline, timeout: Optional[float]):
+    """Slots in each table (``reservers[i](timeout)``: ``engine.reserve_items`` of the
+    item count, or its arena's), all or none.
 
     Only one table is ever waited on, and nothing is held while waiting: holding one
     table's slots while waiting for another's rate limiter could deadlock two inserts
@@ -86,7 +108,7 @@ def _reserve_in_every_table(engines, arrays, count: int, deadline, timeout: Opti
         try:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                reserved[first] = engines[first].reserve_items(count, remaining, arrays[first])
+                reserved[first] = reservers[first](remaining)
             except errors.LockTimeoutError:
                 raise
             except errors.DeadlineExceededError:
@@ -96,7 +118,7 @@ def _reserve_in_every_table(engines, arrays, count: int, deadline, timeout: Opti
             for i, engine in enumerate(engines):
                 if reserved[i] is None:
                     try:
-                        reserved[i] = engine.reserve_items(count, 0.0, arrays[i])
+                        reserved[i] = reservers[i](0.0)
                     except errors.DeadlineExceededError:
                         refused = i
                         break

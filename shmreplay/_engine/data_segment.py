@@ -275,6 +275,11 @@ def attach(engine):
                 _check_step_columns(storage, column_specs, engine.capacity)
             elif list(stores) != list(column_specs):
                 raise TypeError("stores that do not match its signature")
+            arena_bytes = storage.arena_bytes
+            # (sizes the general store's views and the kernels' page loops)
+            if (type(arena_bytes) is not int or not 0 <= arena_bytes <= L.MAX_ARENA_BYTES
+                    or arena_bytes % L.ARENA_PAGE):
+                raise TypeError(f"an invalid arena size {arena_bytes!r}")
             plan = L.plan_data(storage, engine.capacity, length)
         except Exception as exc:
             raise corrupt(f"holds an unreadable or invalid schema ({exc})") from exc

@@ -49,9 +49,15 @@ class Sampling:
                     results.release(outputs)
         return self._sample_waiting(batch_size, timeout)
 
-    def _sample_waiting(self, batch_size: int, timeout, outputs=None):
+    def sample_items(self, batch_size: int, timeout):
+        """``(batch, arena_rows)``: ``sample``, and the rows that are items of another
+        shape (``kinds.general``; a table with an arena binds its own)."""
+        return self.sample(batch_size, timeout), {}
+
+    def _sample_waiting(self, batch_size: int, timeout, outputs=None, gather=None):
         """The paths of ``sample`` that may wait. The waits inside see only what is
-        left of ``timeout``; a timeout names the caller's."""
+        left of ``timeout``; a timeout names the caller's. ``gather`` replaces the
+        kind's copy (the general store's sampling: ``kinds.general``)."""
         try:
             if outputs is not None:
                 return self._finish_into(outputs, batch_size, timeout)
@@ -64,7 +70,7 @@ class Sampling:
                 self.has_columns()
                 return self.sample(batch_size, None if deadline is None
                                    else deadline - time.monotonic())
-            return self._sample_new(batch_size, deadline)
+            return self._sample_new(batch_size, deadline, gather or self._gather)
         except errors.LockTimeoutError:
             raise
         except errors.DeadlineExceededError:
@@ -84,7 +90,7 @@ class Sampling:
         outputs.times[:count] = outputs.out_i[kernels.OUT_TIMES, :count]
         return outputs.result(count)
 
-    def _sample_new(self, batch_size, deadline):
+    def _sample_new(self, batch_size, deadline, gather):
         """The general path: new arrays for the result."""
         out_i = np.empty((kernels.OUT_INT_ROWS, batch_size), np.int64)
         out_f = np.empty((kernels.OUT_FLOAT_ROWS, batch_size), np.float64)
@@ -93,7 +99,7 @@ class Sampling:
         count = kernels.sample(*self.arrays, batch_size, _STAMP[0], 0, 0, out_i, out_f, out_gens,
                                io)
         count, data = self._complete(batch_size, count, out_i, out_f, out_gens, io, deadline,
-                                     self._gather)
+                                     gather)
         out_i = out_i[:, :count]
         out_f = out_f[:, :count]
         info = SampleInfo(out_i[kernels.OUT_KEY].view(np.uint64), out_f[kernels.OUT_PROBABILITY],
@@ -133,7 +139,7 @@ class Sampling:
                                                out_gens[:count], torn)
                 if torn_count:
                     drained += self._redraw_torn_rows(out_i, out_f, out_gens, data,
-                                                      torn[:torn_count].tolist())
+                                                      torn[:torn_count].tolist(), gather)
         finally:
             if drained:
                 # Items this call deleted (max_times_sampled) kept their slots until now.
@@ -189,7 +195,7 @@ class Sampling:
                 return count, drained
         return count, drained
 
-    def _redraw_torn_rows(self, out_i, out_f, out_gens, data, torn_rows):
+    def _redraw_torn_rows(self, out_i, out_f, out_gens, data, torn_rows, gather):
         """Seqlock repair: redraws each row in ``torn_rows`` (its data was overwritten
         while we copied it) until a redrawn item's copy checks clean.
 
@@ -213,7 +219,7 @@ class Sampling:
                                lambda was_waiting, register: (1, pid, was_waiting, register,
                                                               new_i, new_f, new_gens), io)
                 drained += io.item(2)
-                values = self._gather(new_i[kernels.OUT_SLOT])
+                values = gather(new_i[kernels.OUT_SLOT])
                 if not kernels.torn_rows(self.meta, self.refs, self.rows,
                                          new_i[kernels.OUT_SLOT], new_i[kernels.OUT_VERSION],
                                          new_gens, torn):

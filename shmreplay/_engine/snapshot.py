@@ -123,6 +123,8 @@ def snapshot_table(engine) -> TableSnapshot:
         arrays["forms"] = _item_forms.forms_of(engine, arrays["key"])
     if storage is not None:
         arrays.update(kind.export(out, count))
+    if out.arena is not None:
+        arrays["arena_lengths"], arrays["arena_data"] = out.arena
     return TableSnapshot(engine.name, engine.config, storage, engine.capacity,
                          int(engine.ctrl[L.C_SLOT_BITS]), counters, arrays, held)
 
@@ -143,6 +145,8 @@ def _copy_held(engine, out, kind, count, stored_rows):
         out.episode[:count] = -1
     if kind is not None:
         kind.copy_held(out, rows, count, stored_rows)
+    if engine.arena is not None and engine.ctrl[L.C_ARENA_ITEMS]:
+        out.arena = engine.arena.copy_held(slots)  # (items of another shape)
     return counters
 
 
@@ -215,6 +219,7 @@ class _Outputs:
         self.episode = _touched((room,), np.int64)
         self.stores = []
         self.refs = None
+        self.arena = None  # (lengths, bytes) of the arena items, if the table has any
         storage = engine.storage
         if storage is None:
             return

@@ -21,6 +21,7 @@ from shmreplay._shm import layout as L
 from shmreplay import errors, specs
 from shmreplay._engine import data_segment as _data_segment
 from shmreplay._engine import kinds as _kinds
+from shmreplay._engine.kinds import general as _general
 from shmreplay._shm import lock_waits as _lock_waits
 from shmreplay._shm import segment as _segment
 from shmreplay._schema import storage as _storage
@@ -107,6 +108,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self._results = None     # reusable small-batch results (whole items only)
         self.whole_items = False  # True once mapped whole-item storage: the fused kernels
         self._stagings = None
+        self.arena = None  # the general store (``kinds.general.Arena``), if it has one
         self.kind = None  # the storage kind (``shmreplay._engine.kinds``), once mapped
         self.treedef = None
         self.paths = None
@@ -203,6 +205,11 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.reserve_items = self.kind.reserve_items
         self.write_items = self.kind.write_items
         self._gather = self.kind.gather
+        views = L.arena_views(segment.buf, plan, self.capacity)
+        self.arena = None if views is None else _general.Arena(self, views, Sampling.sample)
+        if self.arena is not None:  # (bound here only: other tables' calls stay as they are)
+            self.sample = self.arena.sample
+            self.sample_items = self.arena.sample_items
 
     def has_columns(self) -> bool:
         """Maps the storage if some process has defined it; False if none has yet.
@@ -236,6 +243,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         Raises:
           SchemaError: if a leaf's dtype cannot be stored.
         """
+        arena_bytes = _general.arena_bytes_of(self.config)
         if self.config.signature is not None:
             column_specs = self.config.column_specs
             if all(specs.varies_in_time(spec) for spec in column_specs):
@@ -251,14 +259,15 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
                     f"Table '{self.name}': its signature has a None (any length) time "
                     "dimension in some columns but not in others; the first item must "
                     "come from a writer (Client.trajectory_writer, Client.writer).")
-            return _storage.whole_items(self.config.signature)
+            return _storage.whole_items(self.config.signature, arena_bytes)
         paths = specs.path_strings(treedef)
         column_specs = []
         for path, leaf in zip(paths, leaves):
             specs.check_storable_dtype(leaf.dtype, f"Table '{self.name}', column {path}")
             shape = leaf.shape[1:] if batched else leaf.shape
             column_specs.append(specs.TensorSpec(shape, leaf.dtype))
-        return _storage.whole_items(specs.optree.tree_unflatten(treedef, column_specs))
+        return _storage.whole_items(specs.optree.tree_unflatten(treedef, column_specs),
+                                    arena_bytes)
 
     def define_storage(self, storage, timeout=None):
         """Fixes what the table stores (its first item does); a no-op if another process
@@ -381,7 +390,14 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
                  checks.COUNTERS: "rate-limiter or pending counters inconsistent",
                  checks.ROWS: "step rows' reference counts or free list inconsistent",
                  checks.CTRL: "a control word is out of range (corrupt control block)"}
-        return [text for bit, text in names.items() if status & bit]
+        found = [text for bit, text in names.items() if status & bit]
+        if self.has_columns() and self.arena is not None:
+            arena_status = self.arena.verify()
+            if arena_status < 0:
+                self._raise_status(arena_status)
+            if arena_status:
+                found.append("an arena item's extent is out of range or not its own")
+        return found
 
     def can_insert(self, n: int) -> bool:
         return self._rate_check(n, True)
@@ -455,8 +471,9 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.columns = None
         self.whole_items = False
         self._results = self._data_bytes = self._stagings = None  # (data segment views)
-        self.kind = None
-        for bound in ("reserve_items", "write_items", "_gather"):  # (the kind's)
+        self.kind = self.arena = None
+        for bound in ("reserve_items", "write_items", "_gather",  # (the kind's, the arena's)
+                      "sample", "sample_items"):
             self.__dict__.pop(bound, None)
         if self.data_segment is not None:
             self.data_segment.close()

@@ -34,6 +34,11 @@ class Waiting:
                 f"Table '{self.name}': an item references more distinct steps than its step "
                 f"storage can hold ({self.ctrl[L.C_ROW_CAPACITY]} rows, sized for "
                 f"{self.storage.steps_per_item} steps per item).")
+        if status == codes.NO_ARENA:
+            raise errors.ArenaFullError(
+                f"Table '{self.name}': an item of another shape does not fit the table's "
+                "general store (arena) even with the table emptied; give the table a "
+                "larger Table(..., arena_bytes=N).")
         if status == codes.LOST:
             raise errors.ReservationLostError(
                 f"Table '{self.name}' of buffer '{self.buffer_name}': this writer's reserved "

@@ -142,6 +142,15 @@ def check_table(path: str, size: int, table, version: int):
             expected[f"store{index}"] = (dtype, ((stored,) if storage.steps else (n,)) + shape)
     if storage is not None and "forms" in table.layout:  # items' forms (_item_forms)
         expected["forms"] = (np.dtype(np.int64), (n,))
+    if storage is not None and "arena_lengths" in table.layout:  # items of another shape
+        expected["arena_lengths"] = (np.dtype(np.int64), (n,))
+        try:
+            encoded = table.layout["arena_data"][2][0]
+        except Exception:
+            encoded = None
+        if type(encoded) is not int or encoded < 0:
+            raise corrupt("has no valid arena data")
+        expected["arena_data"] = (np.dtype(np.uint8), (encoded,))
     if set(table.layout) != set(expected):
         raise corrupt(f"has arrays {sorted(table.layout)}, not {sorted(expected)}")
     for key, entry in table.layout.items():

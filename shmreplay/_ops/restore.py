@@ -5,6 +5,7 @@ and counters (``restore_table``). Every value read from the file is checked befo
 reaches a kernel, and every array's checksum (format 3 on) before the table is served.
 """
 
+import dataclasses
 import errno
 import warnings
 from typing import Dict, List
@@ -14,6 +15,7 @@ import numpy as np
 from shmreplay._shm import layout as L
 from shmreplay import errors, specs
 from shmreplay._schema import item_forms as _item_forms
+from shmreplay._engine.kinds import general as _general
 from shmreplay._ops.checkpoint_read import Checkpoint, TableCheckpoint
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._engine.snapshot import ITEM_FIELDS
@@ -156,6 +158,8 @@ def _restore_checked(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -
     rows = slice(int(slots[0]), int(slots[0]) + count) if (
         count and kernels.ascending_run(slots)) else slots
     if storage is not None:
+        # The general store is sized by the table being served, not the checkpointed one.
+        storage = dataclasses.replace(storage, arena_bytes=_general.arena_bytes_of(engine.config))
         engine._create_data_segment(storage)
         engine.kind.restore(saved, rows, count)
     for name, value in counters.items():
@@ -170,6 +174,8 @@ def _restore_checked(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -
         forms = saved.array("forms")
         for index in np.flatnonzero(forms).tolist():
             _item_forms.record(engine, int(keys[index]), int(forms[index]))
+    if storage is not None and "arena_lengths" in saved.layout:
+        _general.restore(engine, slots, saved.array("arena_lengths"), saved.array("arena_data"))
     _restore_episodes(engine, saved, slots)
     return evicted
 

@@ -167,6 +167,9 @@ def _call_every_kernel():
         next(client.sample("queue", 1, timeout=5))
         with quick:
             client.sample_batch("queue", 2, timeout=0)
+        # An item of another shape: the general store (arena) of a table without a signature.
+        client.insert(b"another shape", priorities={"queue": 1.0}, timeout=5)
+        next(client.sample("queue", 1, timeout=5))
         client.insert(one, priorities={"prioritized": 1.0, "heap": 2.0}, timeout=5)
         client.insert_batch(batch, priorities={"prioritized": 2.0, "heap": 1.0}, timeout=5)
         for table in ("prioritized", "heap"):

@@ -10,6 +10,8 @@ import numpy as np
 
 from shmreplay import errors, specs
 from shmreplay._schema import item_forms as _item_forms
+from shmreplay._schema import storage as _storage
+from shmreplay._engine.kinds import general as _general
 from shmreplay._shm.kernels import table as kernels
 
 _PY_SCALARS = (bool, int, float)
@@ -134,6 +136,31 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
     if proposal is None and not engine.has_columns():
         proposal = engine.propose_whole_items(expected_treedef, arrays, batched)
     return arrays, proposal, form
+
+
+def arena_items(engine, data, batched: bool, refused, timeout):
+    """The encoded items (one per row) of ``data``, which the table's columns refused
+    with ``refused``, for its general store; ``refused`` itself if it has none or the
+    data cannot be encoded either. A first item that cannot define columns (strings,
+    say) defines a table of no columns, so that every item goes to the store."""
+    if not engine.has_columns():
+        if engine.config.signature is not None or not _general.arena_bytes_of(engine.config):
+            raise refused
+        try:
+            blobs = _general.Arena.encode_for(engine.name, data, batched)
+        except errors.SchemaError:
+            raise refused from None
+        engine.define_storage(_storage.whole_items((), _general.arena_bytes_of(engine.config)),
+                              timeout)
+        if engine.arena is not None:
+            return blobs
+        raise refused  # (another process defined storage without an arena first)
+    if engine.arena is None or engine.config.signature is not None:
+        raise refused  # (a signature is the items' contract)
+    try:
+        return _general.Arena.encode_for(engine.name, data, batched)
+    except errors.SchemaError:
+        raise refused from None
 
 
 def _structure_error(table, treedef, expected_treedef, column_specs):

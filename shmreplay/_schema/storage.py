@@ -50,6 +50,9 @@ class Storage:
     row_budget: int = 0
     pool_blocks: int = 0
     block_width: int = 0
+    # Bytes of the general store for items the stores cannot hold (0: none; see
+    # ``shmreplay._shm.kernels.arena``). A table without a signature has one by default.
+    arena_bytes: int = 0
 
     @property
     def width(self) -> int:
@@ -75,9 +78,9 @@ class Storage:
         return specs.flatten(self.signature)[0]
 
 
-def whole_items(signature) -> Storage:
+def whole_items(signature, arena_bytes: int = 0) -> Storage:
     column_specs = specs.flatten(signature)[0]
-    return Storage(signature, False, tuple(column_specs))
+    return Storage(signature, False, tuple(column_specs), arena_bytes=int(arena_bytes))
 
 
 def step_storage(signature, cells, lengths, squeezes, sources) -> Storage:

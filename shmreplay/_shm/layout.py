@@ -131,8 +131,11 @@ MUTEX_WORDS = 8
  C_DATA_TOKEN, C_CREATOR_PID, C_CREATOR_START,
  # Variable-length step references (``shmreplay._shm.kernels.refpool``): the item
  # columns each slot head records, and the block pool's free stack; 0 otherwise.
- C_REF_COLUMNS, C_BLOCK_FREE_HEAD, C_BLOCK_FREE_TOP, C_BLOCK_FRESH) = range(
-     MUTEX_WORDS, MUTEX_WORDS + 54)
+ C_REF_COLUMNS, C_BLOCK_FREE_HEAD, C_BLOCK_FREE_TOP, C_BLOCK_FRESH,
+ # Arena reservations (items of any shape, ``shmreplay._shm.kernels.arena``) since the
+ # layout was defined; never decremented. While 0, sampling takes the fused fast path.
+ # The page after the last run taken: where the next search starts (a hint, any value).
+ C_ARENA_ITEMS, C_ARENA_ROVER) = range(MUTEX_WORDS, MUTEX_WORDS + 56)
 CTRL_WORDS = 64
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
@@ -279,6 +282,18 @@ class DataPlan:
     total_bytes: int
     forms: int = 0         # byte offset of the int64 [capacity, 2] item forms
     pool_blocks: int = 0   # blocks after the slot heads in ``refs`` (items of any length)
+    arena_extents: int = 0  # byte offset of the int64 [capacity, EXTENT_FIELDS] extents
+    arena_pages: int = 0   # pages of the arena (0: none)
+    arena_owners: int = 0  # byte offset of the int64 [arena_pages] page owners
+    arena: int = 0         # byte offset of the arena's bytes
+
+
+# The general store (``shmreplay._shm.kernels.arena``): items of any shape, encoded, in
+# runs of pages. Per slot ``extents[slot, X_*]``; per page the slot that took it.
+ARENA_PAGE = 256
+(X_PAGE, X_PAGES, X_VERSION, X_BYTES) = range(4)
+EXTENT_FIELDS = 4
+MAX_ARENA_BYTES = 1 << 40
 
 
 def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
@@ -313,8 +328,16 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
         offset = _align(offset + row_capacity * row)
     forms = offset
     offset = _align(forms + capacity * 2 * 8)
+    pages = getattr(storage, "arena_bytes", 0) // ARENA_PAGE
+    extents = owners = arena = 0
+    if pages:  # the general store (``arena_views``)
+        extents = offset
+        owners = _align(extents + capacity * EXTENT_FIELDS * 8)
+        arena = _align(owners + pages * 8, 4096)
+        offset = arena + pages * ARENA_PAGE
     return DataPlan(DATA_HEADER_SIZE, row_capacity, rows, refs, width, stores,
-                    _align(max(offset, 4096), 4096), forms, pool)
+                    _align(max(offset, 4096), 4096), forms, pool, extents, pages, owners,
+                    arena)
 
 
 def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
@@ -329,6 +352,17 @@ def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:
 def forms_view(buf, plan: DataPlan, capacity: int) -> np.ndarray:
     """The ``[capacity, 2]`` item forms: ``(key, flipped columns)`` per slot."""
     return np.frombuffer(buf, np.int64, capacity * 2, plan.forms).reshape(capacity, 2)
+
+
+def arena_views(buf, plan: DataPlan, capacity: int):
+    """``(extents, owners, data)`` of the general store, or None if the table has none."""
+    if not plan.arena_pages:
+        return None
+    extents = np.frombuffer(buf, np.int64, capacity * EXTENT_FIELDS,
+                            plan.arena_extents).reshape(capacity, EXTENT_FIELDS)
+    owners = np.frombuffer(buf, np.int64, plan.arena_pages, plan.arena_owners)
+    data = np.frombuffer(buf, np.uint8, plan.arena_pages * ARENA_PAGE, plan.arena)
+    return extents, owners, data
 
 
 def step_views(buf, plan: DataPlan, capacity: int, generation: int):

@@ -29,6 +29,7 @@ INVALID_PRIORITY = -8  # update_whole, reserve_whole: a priority is negative, Na
 # The table's lock stayed held for a whole ``_sync.LOCK_SLICE_NS``: nothing was done. The
 # caller checks its deadline (and Ctrl-C, and a stopped buffer) and calls again.
 LOCK_BUSY = -10
+NO_ARENA = -11  # arena.reserve: the item does not fit the arena even with the table emptied
 LOST = -9  # commit: a reserved slot is no longer the caller's (freed as a dead writer's)
 
 # Crash points (tests only, ``shmreplay._shm.crash_points``): places inside locked kernels
@@ -39,3 +40,4 @@ STOP_COMMIT_ONE = 3       # commit_one: the item added, counters not yet, lock h
 STOP_SAMPLE_DRAWN = 4     # sample: every item drawn and counted, lock held
 STOP_MUTATE_HALF = 5      # mutate: deletes done, updates not yet, lock held
 STOP_RESERVE_ITEM = 6     # reserve_item: rows pinned (and evictions done), lock held
+STOP_ARENA_RESERVED = 7   # arena.reserve: the slot and its pages taken, lock held

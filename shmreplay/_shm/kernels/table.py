@@ -29,10 +29,12 @@ from shmreplay._shm.kernels.sampling import (
     torn_rows, importance_weights)
 from shmreplay._shm.kernels.priorities import (
     mutate, update_whole, update_whole_weighed, first_invalid_priority)
+from shmreplay._shm.kernels.arena import arena_reserve, arena_read, arena_verify
 from shmreplay._shm.kernels.upkeep import (
     reset, close, snapshot, hold_items, release_hold, restore_items, writing_slots, verify)
 
 __all__ = [
+    "arena_read", "arena_reserve", "arena_verify",
     "ascending_run", "cancel", "close", "commit", "commit_one", "commit_whole",
     "first_invalid_priority", "hold_items", "importance_weights", "insert_staged", "mutate",
     "rate_check", "release_drained", "release_hold", "reserve", "reserve_item", "reserve_one",

@@ -6,6 +6,7 @@ from shmreplay._shm import sync as _sync
 from shmreplay._shm.kernels import codes, items, kernel, rows as step_rows, verify as verify_kernels
 from shmreplay._shm.kernels.locking import _bump, _lock, _lock_items, _unlock, _unlock_and_wake
 from shmreplay._shm.layout import (
+    C_ARENA_ITEMS, C_ARENA_ROVER,
     C_CLOSED, C_DELETES, C_INSERTS, C_ITEMS_SEQ, C_NUM_UNIQUE, C_SAMPLES, C_SIZE, C_SPACE_SEQ,
     C_TOTAL_DELETED, C_LAYOUT_GEN, C_SCHEMA_READY, C_DATA_TOKEN, C_FRESH, C_HEAD, M_KEY, M_NEXT,
     M_ORDER, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER)
@@ -32,6 +33,8 @@ def reset(ctrl, fctrl, meta, prio, trees, refs, rows, forget, out):
     out[0] = 0
     if forget and ctrl[C_SCHEMA_READY] != 0 and not _slots_in_use(ctrl, meta):
         step_rows.forget(ctrl)
+        ctrl[C_ARENA_ITEMS] = 0
+        ctrl[C_ARENA_ROVER] = 0
         ctrl[C_SCHEMA_READY] = 0
         ctrl[C_LAYOUT_GEN] += 1
         out[0] = 1

@@ -1,0 +1,49 @@
+"""Workers of the general-store tests (importable, for ``spawn``)."""
+
+import os
+import signal
+
+import numpy as np
+
+import shmreplay
+
+
+def heterogeneous(index: int):
+    """The ``index``-th of a cycle of items of different structures, dtypes and shapes."""
+    kind = index % 4
+    if kind == 0:
+        return np.float32(index)
+    if kind == 1:
+        return np.full((2, index % 5 + 1), index, np.int64)
+    if kind == 2:
+        return {"name": f"item-{index}".encode(), "values": np.arange(index % 3 + 1.0)}
+    return [np.array([b"a" * (index % 7), b"b"], object), np.int16(index)]
+
+
+def insert_heterogeneous(name, table, count):
+    with shmreplay.Client(name) as client:
+        for index in range(count):
+            client.insert(heterogeneous(index), {table: 1.0})
+
+
+def insert_arena_items_until_killed(name, table, ready, go, stop_mid_write):
+    """Inserts arena items in a loop; with ``stop_mid_write``, stops itself (SIGSTOP)
+    half way through copying an item's bytes into the arena, so that the test can
+    SIGKILL it there."""
+    from shmreplay._engine.kinds import general
+    if stop_mid_write:
+        def write(self, slots, blobs):
+            slot = int(slots[0])
+            start = int(self.extents[slot, 0]) * 256
+            half = len(blobs[0]) // 2
+            self.data[start:start + half] = np.frombuffer(blobs[0][:half], np.uint8)
+            self.data[start + half:start + len(blobs[0])] = 0xEE
+            os.kill(os.getpid(), signal.SIGSTOP)
+        general.Arena.write = write
+    client = shmreplay.Client(name)
+    ready.set()
+    go.wait(60)
+    index = 0
+    while True:
+        client.insert({"name": b"torn?", "values": np.full(300, 7.0)}, {table: 1.0})
+        index += 1

@@ -41,7 +41,7 @@ def check_rows_fit(engine, storage, columns: list):
     needed = len(shared) + sum(len(c.refs) for c in columns if c.source is None)
     rows = storage.row_capacity(engine.capacity)
     if needed > rows:
-        sized = (f"its step budget, max_steps" if storage.variable
+        sized = ("its step budget, max_steps" if storage.variable
                  else f"sized for {storage.steps_per_item} steps per item")
         raise errors.SchemaError(
             f"Table '{engine.name}': the item references {needed} distinct steps, more "

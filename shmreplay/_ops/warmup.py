@@ -193,13 +193,18 @@ def _call_every_kernel():
                                                   "action": history["action"][-2]})
         writer.end_episode(timeout_ms=5_000)
         writer.close()
-        with client.writer(2) as legacy:
+        with client.writer(3) as legacy:
             for index in range(3):
                 legacy.append(step)
                 if index:
                     legacy.create_item("sequences", 2, 1.0)
+            legacy.create_item("sequences", 3, 1.0)  # items of any length: padded batches
+        from shmreplay._shm.kernels import refpool
+        for word in (np.uint32, np.uint16, np.uint8):  # (padded copies of other row sizes)
+            refpool.copy_padded(np.zeros((1, 1), word), np.zeros((1, 1), np.int64),
+                                np.zeros((1, 1, 1), word))
         for table in ("steps", "sequences"):
-            client.sample_batch(table, 2, timeout=5)
+            client.sample_batch(table, 2 if table == "steps" else 8, timeout=5)
             next(client.sample(table, 1, emit_timesteps=False, timeout=5))
         client.mutate_priorities("steps", deletes=[int(client.sample_batch(
             "steps", 1, timeout=5).info.key[0])])

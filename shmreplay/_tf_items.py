@@ -155,7 +155,12 @@ def _item_dataset(server_address, table, data_spec, max_in_flight_samples_per_wo
     workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
     chunk_spec = ReplaySample(common.info_spec((None,)), tf.nest.map_structure(
         lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
-    views = ItemViews(table, tf.nest.flatten(data_spec), timesteps)
+    any_length = [] if timesteps else common.any_length_columns(server_address, table,
+                                                                data_spec)
+    if any(any_length):  # the chunks carry the lengths to cut the items to
+        chunk_spec = (chunk_spec, tuple(tf.TensorSpec((None,), tf.int64)
+                                        for flag in any_length if flag))
+    views = ItemViews(table, tf.nest.flatten(data_spec), timesteps, any_length)
 
     def worker(index):
         # Each worker has its own share of max_samples, so together they take exactly
@@ -167,9 +172,25 @@ def _item_dataset(server_address, table, data_spec, max_in_flight_samples_per_wo
                        rate_limiter_timeout_ms, budget, views)
 
     if workers == 1:
-        return _mapped_items(worker(0), chunk_spec)
-    return _generated_chunks([w for w in map(worker, range(workers)) if w.max_samples != 0],
-                             chunk_spec).unbatch()
+        items = _mapped_items(worker(0), chunk_spec)
+    else:
+        items = _generated_chunks([w for w in map(worker, range(workers))
+                                   if w.max_samples != 0], chunk_spec).unbatch()
+    return items.map(_cutter(any_length)) if any(any_length) else items
+
+
+def _cutter(any_length):
+    """The map that cuts each padded item of any length to its own length (one slice per
+    column of any length, in the pipeline: no Python per item)."""
+
+    @tf.autograph.experimental.do_not_convert
+    def cut(sample, lengths):
+        leaves, lengths = tf.nest.flatten(sample.data), iter(lengths)
+        leaves = [leaf[:next(lengths)] if flag else leaf
+                  for leaf, flag in zip(leaves, any_length)]
+        return ReplaySample(sample.info, tf.nest.pack_sequence_as(sample.data, leaves))
+
+    return cut
 
 
 def _mapped_items(worker, chunk_spec):

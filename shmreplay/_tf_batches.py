@@ -69,6 +69,11 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                   for shape in common.flatten_specs(dtypes, shapes)[2]]
     if pad_to is not None:
         _check_pad_to(table, pad_to, batch_size, any(any_length))
+    if sequence_length is not None and any(any_length):
+        raise ValueError(
+            f"make_dataset: sequence_length={sequence_length}, but table '{table}' holds "
+            "items of any length (a None time dimension); leave sequence_length out (pad_to "
+            "gives the batches one time dimension).")
     if sequence_length is not None:
         lengths = {shape[0] for shape in common.flatten_specs(dtypes, shapes)[2] if shape}
         if lengths != {sequence_length}:

@@ -7,6 +7,8 @@ batches with the lengths. Each item is checked against what was written.
 TensorFlow is imported only in this file (and the other TF-only test files).
 """
 
+import itertools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -102,7 +104,7 @@ def test_timestep_dataset_cuts_each_item_into_its_own_timesteps(episodes):
         steps.append(int(sample.data["step"]))
         keys.append(int(sample.info.key))
     assert steps == list(range(BASE, BASE + sum(LENGTHS)))  # every step once, in order
-    runs = [len(list(group)) for _, group in __import__("itertools").groupby(keys)]
+    runs = [len(list(group)) for _, group in itertools.groupby(keys)]
     assert runs == LENGTHS  # each item's info on its own steps
 
 
@@ -199,3 +201,26 @@ def test_replay_buffer_as_dataset_over_items_of_any_length(episodes):
             _check_padded(data, lengths, _written(), int(np.max(lengths["step"])))
     finally:
         queue.close()
+
+
+def test_sequence_length_of_items_of_any_length_is_refused(episodes):
+    with pytest.raises(ValueError, match="items of any length.*leave sequence_length out"):
+        shmreplay_tf.make_dataset(episodes, "eps", batch_size=4, sequence_length=8)
+
+
+def test_a_dataset_made_before_its_buffer_says_to_make_it_again(buffer_name):
+    # Made before the buffer exists, it cannot know that it must cut items to lengths.
+    dataset = shmreplay_tf.TrajectoryDataset(
+        buffer_name, "eps", {"obs": tf.float32, "step": tf.int64},
+        {"obs": (None, 4), "step": (None,)}, max_in_flight_samples_per_worker=2)
+    with shmreplay.Server([_uniform()], name=buffer_name) as server:
+        client = server.localhost_client()
+        W.write_episodes(client, "eps", [3, 5], BASE)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="make the dataset again"):
+            next(iter(dataset))
+        again = shmreplay_tf.TrajectoryDataset(
+            buffer_name, "eps", {"obs": tf.float32, "step": tf.int64},
+            {"obs": (None, 4), "step": (None,)}, max_in_flight_samples_per_worker=2)
+        item = next(iter(again))
+        _check_item(item.data["obs"], item.data["step"], _written([3, 5]))
+        client.close()

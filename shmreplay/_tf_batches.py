@@ -65,8 +65,8 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     if num_parallel_calls is not None and num_parallel_calls < 1:
         raise ValueError(f"num_parallel_calls must be None or >= 1, got {num_parallel_calls}.")
     dtypes, shapes = common.table_signature(server_address, table)
-    any_length = [bool(shape) and shape[0] is None
-                  for shape in common.flatten_specs(dtypes, shapes)[2]]
+    treedef, _, shape_leaves = common.flatten_specs(dtypes, shapes)
+    any_length = [bool(shape) and shape[0] is None for shape in shape_leaves]
     if pad_to is not None:
         _check_pad_to(table, pad_to, batch_size, any(any_length))
     if sequence_length is not None and any(any_length):
@@ -86,9 +86,9 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                                   -1 if max_batches < 0 else max_batches)
         return items.prefetch(prefetch_size) if prefetch_size > 0 else items
     if any(any_length):  # the padded time dimension: pad_to, or each batch's own
-        shapes = specs.optree.tree_unflatten(common.flatten_specs(dtypes, shapes)[0], [
+        shapes = specs.optree.tree_unflatten(treedef, [
             (pad_to,) + tuple(shape[1:]) if flag else shape
-            for shape, flag in zip(common.flatten_specs(dtypes, shapes)[2], any_length)])
+            for shape, flag in zip(shape_leaves, any_length)])
     spec = ReplaySample(common.info_spec((batch_size,)),
                         common.data_spec(dtypes, shapes, (batch_size,)))
     timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
@@ -137,7 +137,7 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     flat_spec = tf.nest.flatten(spec)
     ends = timeout is not None  # only then can a call come back empty
     clients = common.ClientPool(server_address)
-    padded = isinstance(spec, tuple) and not isinstance(spec, ReplaySample)
+    padded = not isinstance(spec, ReplaySample)  # (ReplaySample, lengths): any length
 
     def fetch(_):
         with clients.borrow() as client:

@@ -279,7 +279,8 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
         are used: the way to read a group member's shared buffer).
       table: The table to sample.
       dtypes, shapes: Nests describing ``data`` (lists are read as tuples). Shapes are
-        the item's, time dimension included for sequence items.
+        the item's, time dimension included for sequence items; ``None`` for a table
+        of items of any length, whose items then come each at its own length.
       max_in_flight_samples_per_worker: Items one worker takes per ``sample_batch``
         call (they count as sampled then). Reverb suggests 2-3x the batch size.
       num_workers_per_iterator: Parallel workers; -1 means 1, which keeps a FIFO
@@ -357,7 +358,8 @@ class TimestepDataset(TrajectoryDataset):
     """One element per timestep of each sampled item (Reverb's ``TimestepDataset``).
 
     ``shapes`` are one timestep's (no time dimension). Every column of the table's items
-    must have the same length; items from ``Client.insert`` are one timestep each. The
+    must have the same length (items of any length: each item its own number of
+    timesteps); items from ``Client.insert`` are one timestep each. The
     item's ``info`` repeats on each of its timesteps; nothing marks where an item ends
     (batch by the item length, or use ``TrajectoryDataset``). ``from_table_signature``
     takes the table's signature as it is (one timestep's, as in Reverb) or, without one,

@@ -108,6 +108,19 @@ def test_timestep_dataset_cuts_each_item_into_its_own_timesteps(episodes):
     assert runs == LENGTHS  # each item's info on its own steps
 
 
+def test_timestep_dataset_with_two_workers_gives_every_step_once(episodes):
+    dataset = shmreplay_tf.TimestepDataset.from_table_signature(
+        episodes, "queue", max_in_flight_samples_per_worker=2, num_workers_per_iterator=2,
+        rate_limiter_timeout_ms=300)
+    steps = {}
+    for sample in dataset:
+        assert (sample.data["obs"].numpy() == sample.data["step"].numpy()).all()
+        steps.setdefault(int(sample.info.key), []).append(int(sample.data["step"]))
+    assert sorted(len(run) for run in steps.values()) == sorted(LENGTHS)
+    for run in steps.values():  # each item's steps, in order
+        assert run == list(range(run[0], run[0] + len(run))) and _written()[run[0]] == len(run)
+
+
 def test_timestep_dataset_refuses_items_whose_columns_differ_in_length(buffer_name):
     signature = {"obs": shmreplay.TensorSpec((None, 2), np.float32),
                  "action": shmreplay.TensorSpec((None,), np.int32)}

@@ -49,10 +49,10 @@ class Table:
       signature: Optional nest of specs (``TensorSpec``, ``tf.TensorSpec``, ...) fixing
         each column's shape and dtype. Without one, the first inserted item fixes them.
         A ``None`` first (time) dimension takes writer items of any length there.
-      max_steps: shmreplay's own, for a signature with a ``None`` time dimension: how
-        many distinct steps the table's shared memory holds (None: room for
-        ``max_size`` items as long as the first, and at least 16 MiB of steps). An
-        item that does not fit makes the remover evict items, as ``max_size`` does
+      max_steps: shmreplay's own, for writer items of any length (no signature, or a
+        ``None`` time dimension): how many distinct steps the table's shared memory
+        holds (None: room for ``max_size`` items twice as long as the first). An item
+        that does not fit makes the remover evict items, as ``max_size`` does
         (``docs/writers.md``).
 
     Raises:

@@ -118,12 +118,38 @@ def test_wrong_items_are_refused_and_change_nothing(buffer_name):
             with pytest.raises(errors.SchemaError, match=r"'obs'.*float32\[None, 4\]"):
                 writer.create_item("t", 1.0, {"obs": writer.history["obs"][-2:],
                                               "step": writer.history["step"][-2:]})
-        with pytest.raises(errors.SchemaError, match="writer"):
-            client.insert({"obs": np.zeros((3, 4), np.float32), "step": np.zeros(2, np.int64)},
+        with pytest.raises(errors.SchemaError, match=r"\['obs'\]"):
+            client.insert({"obs": np.zeros((3, 5), np.float32), "step": np.zeros(2, np.int64)},
                           {"t": 1.0})
         info = client.server_info()["t"]
         assert info.current_size == 1 and info.num_stored_steps == 3
         assert client.verify("t") == []
+        client.close()
+
+
+def test_insert_makes_items_of_one_step_or_whole_sequences(buffer_name):
+    """As Reverb's: an inserted leaf is one step (a time dimension of 1); a leaf with
+    the time dimension is a whole sequence (shmreplay's, as for fixed tables)."""
+    with shmreplay.Server([_table(sampler=selectors.Fifo())], name=buffer_name) as server:
+        client = server.localhost_client()
+        client.insert({"obs": np.full(4, 5, np.float32), "step": np.int64(5)}, {"eps": 1.0})
+        client.insert({"obs": np.arange(3, dtype=np.float32)[:, None].repeat(4, 1),
+                       "step": np.arange(3)}, {"eps": 1.0})
+        client.insert_batch({"obs": np.ones((2, 4, 4), np.float32),
+                             "step": np.ones((2, 4), np.int64)}, {"eps": np.ones(2)})
+        W.write_episodes(client, "eps", [2], base=40)  # and writer items, into one table
+        got = [(sample.data[1].tolist(), sample.data[0].shape)
+               for sample in client.sample("eps", 5, emit_timesteps=False)]
+        assert got[0] == ([5], (1, 4))
+        client.mutate_priorities("eps", deletes=[k for k in [
+            int(client.sample_batch("eps", 1).info.key[0])]])
+        batch = client.sample_batch("eps", 1)
+        assert batch.data["step"][0].tolist() == [0, 1, 2] and batch.lengths["step"][0] == 3
+        info = client.server_info()["eps"]
+        # (the writer's columns get rows of their own in a table an insert defined:
+        # its stores hold no writer field to share)
+        assert info.current_size == 4 and info.num_stored_steps == 3 + 4 + 4 + 2 * 2
+        assert client.verify("eps") == []
         client.close()
 
 
@@ -247,11 +273,15 @@ def test_no_torn_items_while_other_processes_overwrite(buffer_name):
 def test_verify_finds_a_broken_chain(buffer_name):
     with shmreplay.Server([_table()], name=buffer_name) as server:
         client = server.localhost_client()
-        W.write_episodes(client, "eps", [20, 3], base=0)
+        # The first item sizes the heads (3 steps of 2 columns inline); the second
+        # takes blocks.
+        W.write_episodes(client, "eps", [3, 60], base=0)
         engine = client._engine("eps")
         assert client.verify("eps") == []
         capacity = engine.capacity
-        slot = int(engine.meta[:, L.M_STATE].argmax())  # (some READY slot)
+        chained = np.flatnonzero(engine.refs[:capacity, refpool.HEAD_FIRST] > 0)
+        assert len(chained) == 1
+        slot = int(chained[0])
         first = int(engine.refs[slot, refpool.HEAD_FIRST]) - 1
         link = engine.refs[capacity + first, -1]
         engine.refs[capacity + first, -1] = 0  # cut the chain short
@@ -260,7 +290,15 @@ def test_verify_finds_a_broken_chain(buffer_name):
         engine.refs[slot, refpool.HEAD_LENGTHS] += 1  # lengths that do not add up
         assert any("step rows" in problem for problem in client.verify("eps"))
         engine.refs[slot, refpool.HEAD_LENGTHS] -= 1
+        inline = refpool.HEAD_LENGTHS + 2  # a head's first inline reference
+        row = engine.refs[slot, inline]
+        engine.refs[slot, inline] = engine.rows.shape[0]  # a row out of range
+        assert any("step rows" in problem for problem in client.verify("eps"))
+        engine.refs[slot, inline] = row
         assert client.verify("eps") == []
+        batch = client.sample_batch("eps", 20, timeout=5)
+        _check_items(batch)
+        assert set(batch.lengths["step"].tolist()) == {3, 60}
         client.close()
 
 
@@ -283,4 +321,69 @@ def test_checkpoint_round_trip(buffer_name, tmp_path):
         assert client.verify("eps") == []
         W.write_episodes(client, "eps", [4], base=900)  # and it takes new items
         assert client.verify("eps") == []
+        client.close()
+
+
+def test_sigkill_storm_of_writers_while_a_learner_samples(buffer_name):
+    """Writers of items of any length SIGKILLed every 20-80 ms for 8 s (some inside the
+    table's lock) while the learner samples: nothing torn, every acknowledged item
+    kept, the table verifies, no call of the learner waits long."""
+    seconds = 8.0
+    with shmreplay.Server([_table(max_size=200_000)], name=buffer_name) as server:
+        client = server.localhost_client()
+        W.write_episodes(client, "eps", [3], base=-1000)
+        client.sample_batch("eps", 64, timeout=2)  # (kernels loaded)
+        counts = SPAWN.RawArray("q", 5_000)
+        incarnations = SPAWN.RawValue("q", 0)
+        started, done = SPAWN.Event(), SPAWN.Event()
+        controller = SPAWN.Process(target=W.storm, args=(server.name, seconds, 2, 99, counts,
+                                                         incarnations, started, done))
+        controller.start()
+        slowest = 0.0
+        try:
+            assert started.wait(60)
+            while not done.is_set():
+                t0 = time.monotonic()
+                _check_items(client.sample_batch("eps", 64, timeout=2))
+                slowest = max(slowest, time.monotonic() - t0)
+            controller.join(30)
+        finally:
+            if controller.is_alive():
+                controller.kill()
+                controller.join(10)
+        assert controller.exitcode == 0
+        killed = incarnations.value
+        assert killed > 5 * seconds, f"only {killed} writers ran"
+        acknowledged = sum(counts[:killed])
+        assert acknowledged > 100
+        # Nothing evicted (max_size is far away): every acknowledged item is there.
+        assert client.server_info()["eps"].current_size >= acknowledged + 2
+        assert client.verify("eps") == []
+        assert slowest < 1.5, f"a sample waited {slowest:.2f} s"
+        client.close()
+
+
+def test_tables_without_signature_take_items_of_other_lengths(buffer_name):
+    """As in Reverb: the legacy Writer's items of 1 and 2 steps, and TrajectoryWriter
+    items whose columns differ in length from the first item's, into one table."""
+    table = shmreplay.Table.queue("q", 20)
+    with shmreplay.Server([table], name=buffer_name) as server:
+        client = server.localhost_client()
+        with client.writer(max_sequence_length=3) as writer:
+            writer.append({"x": np.int64(1)})
+            writer.create_item("q", 1, 1.0)
+            writer.append({"x": np.int64(2)})
+            writer.create_item("q", 2, 1.0)
+        with client.trajectory_writer(num_keep_alive_refs=4) as writer:
+            for t in range(4):
+                writer.append({"x": np.int64(10 + t)})
+            writer.create_item("q", 1.0, {"x": writer.history["x"][-4:]})
+        got = [sample.data[0].tolist()
+               for sample in client.sample("q", 3, emit_timesteps=False, timeout=5)]
+        assert got == [[1], [1, 2], [10, 11, 12, 13]]
+        with pytest.raises(errors.SchemaError):  # other cells still do not fit
+            with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+                writer.append({"x": np.zeros(2)})
+                writer.create_item("q", 1.0, {"x": writer.history["x"][-1:]})
+        assert client.verify("q") == []
         client.close()

@@ -91,7 +91,10 @@ def test_step_storage_defined_while_a_snapshot_prepares_is_copied(buffer_name):
         engine.has_columns = real
         assert snapshot.num_items == 3
         assert snapshot.storage is not None and snapshot.storage.steps
-        assert snapshot.arrays["refs"].shape == (3, 5)
+        # (a table without a signature holds items of any length: their lengths, then
+        # all their references one after another)
+        assert snapshot.arrays["lengths"].sum(axis=1).tolist() == [5] * 3
+        assert snapshot.arrays["refs"].shape == (15,)
         assert len(snapshot.arrays["store0"]) == 5  # 5 distinct steps
         writer_client.close()
         reader.close()
@@ -390,9 +393,9 @@ def test_inconsistent_arrays_are_refused_with_a_typed_error(buffer_name, tmp_pat
     _assert_restore_refused(path)
 
 
-_STEP_DAMAGE = {
-    "ref beyond the rows": _set_array("refs", lambda a: a.__setitem__((1, 0), 1000)),
-    "negative ref": _set_array("refs", lambda a: a.__setitem__((1, 0), -1)),
+_STEP_DAMAGE = {  # (references of items of any length: one after another)
+    "ref beyond the rows": _set_array("refs", lambda a: a.reshape(-1).__setitem__(1, 1000)),
+    "negative ref": _set_array("refs", lambda a: a.reshape(-1).__setitem__(1, -1)),
 }
 
 

@@ -447,7 +447,7 @@ def test_bad_table_configuration():
 
 def _spec_with_none():
     class Spec:
-        shape = (None, 3)
+        shape = (3, None)  # (a None time dimension, first, takes items of any length)
         dtype = np.float32
     return Spec()
 

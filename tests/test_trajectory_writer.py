@@ -502,7 +502,9 @@ def test_a_first_item_too_large_for_its_own_storage_fixes_nothing():
     # Mixed columns (fields of several steps) take a row per reference; 70 such columns
     # of 2 steps overflow the rows a table of max_size 1 would get.
     fields = [f"f{i}" for i in range(70)]
-    with serve(queue("q", 1)) as (server, client), trajectory_writer(client, 2) as writer:
+    table = shmreplay.Table("q", selectors.Fifo(), selectors.Fifo(), 1, rate_limiters.MinSize(1),
+                            max_steps=100)  # (without a signature: a budget of steps)
+    with serve(table) as (server, client), trajectory_writer(client, 2) as writer:
         for _ in range(2):
             writer.append({field: np.float32(1) for field in fields})
         history = writer.history
@@ -544,10 +546,10 @@ def test_create_item_errors_leave_the_table_unchanged():
         assert isinstance(excinfo.value, ValueError)     # Reverb raises ValueError here
         assert "no-such-table" in str(excinfo.value)
         unchanged()
-        with pytest.raises(errors.SchemaError):          # the table's items hold 2 steps
-            writer.create_item("q", 1.0, {"obs": history["obs"][-3:]})
+        with pytest.raises(errors.SchemaError):          # the table's items hold obs,
+            writer.create_item("q", 1.0, {"obs": history["action"][-2:]})  # not actions
         unchanged()
-        with pytest.raises(errors.SchemaError):          # ... of obs, not of action
+        with pytest.raises(errors.SchemaError):          # ... under the key obs
             writer.create_item("q", 1.0, {"action": history["action"][-2:]})
         unchanged()
         writer.create_item("q", 1.0, {"obs": history["obs"][-2:]})

@@ -40,7 +40,8 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
         if proposal is not None:  # a table's first item fixes its storage
             engine.define_storage(proposal, timeout)
             plan[1], _, plan[4] = _inputs.prepare_leaves(engine, leaves, treedef, batched)
-    reserved = _reserve_in_every_table([plan[0] for plan in plans], count, deadline, timeout)
+    reserved = _reserve_in_every_table([plan[0] for plan in plans], [plan[1] for plan in plans],
+                                       count, deadline, timeout)
     try:
         for (engine, arrays, *_), (slots, rows) in zip(plans, reserved):
             engine.write_items(slots, rows, arrays, batched)
@@ -65,8 +66,9 @@ def insert(engine_of, data, priorities, timeout, batched: bool):
     return keys
 
 
-def _reserve_in_every_table(engines, count: int, deadline, timeout: Optional[float]):
-    """``count`` slots in each table (``engine.reserve_items``), all or none.
+def _reserve_in_every_table(engines, arrays, count: int, deadline, timeout: Optional[float]):
+    """``count`` slots in each table (``engine.reserve_items``, for its ``arrays``), all or
+    none.
 
     Only one table is ever waited on, and nothing is held while waiting: holding one
     table's slots while waiting for another's rate limiter could deadlock two inserts
@@ -84,7 +86,7 @@ def _reserve_in_every_table(engines, count: int, deadline, timeout: Optional[flo
         try:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                reserved[first] = engines[first].reserve_items(count, remaining)
+                reserved[first] = engines[first].reserve_items(count, remaining, arrays[first])
             except errors.LockTimeoutError:
                 raise
             except errors.DeadlineExceededError:
@@ -94,7 +96,7 @@ def _reserve_in_every_table(engines, count: int, deadline, timeout: Optional[flo
             for i, engine in enumerate(engines):
                 if reserved[i] is None:
                     try:
-                        reserved[i] = engine.reserve_items(count, 0.0)
+                        reserved[i] = engine.reserve_items(count, 0.0, arrays[i])
                     except errors.DeadlineExceededError:
                         refused = i
                         break

@@ -315,7 +315,7 @@ def _check_step_columns(storage, column_specs, capacity: int):
                                          storage.block_width))
             and 0 < storage.row_budget <= _storage.MAX_POOL
             and capacity <= storage.pool_blocks <= _storage.MAX_POOL - capacity
-            and len(columns) + 2 <= storage.block_width <= 1024):
+            and len(columns) + 2 < storage.block_width <= 1024):
         raise TypeError("an invalid reference pool")
     for column, spec in zip(columns, column_specs):
         if (type(column) is not _storage.ColumnRefs

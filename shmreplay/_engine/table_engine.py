@@ -237,11 +237,20 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
           SchemaError: if a leaf's dtype cannot be stored.
         """
         if self.config.signature is not None:
-            if any(None in spec.shape for spec in self.config.column_specs):
+            column_specs = self.config.column_specs
+            if all(specs.varies_in_time(spec) for spec in column_specs):
+                # Items of any length: an insert is an item of one step, as in Reverb.
+                cells = [specs.TensorSpec(spec.shape[1:], spec.dtype) for spec in column_specs]
+                count = len(cells)
+                storage = _storage.step_storage(self.config.signature, cells, [1] * count,
+                                                [False] * count, [None] * count)
+                return _storage.variable_step_storage(storage, self.capacity, count, count,
+                                                      self.config.max_steps)
+            if any(None in spec.shape for spec in column_specs):
                 raise errors.SchemaError(
                     f"Table '{self.name}': its signature has a None (any length) time "
-                    "dimension, so its items come from a writer (Client.trajectory_writer, "
-                    "Client.writer); Client.insert cannot define its storage.")
+                    "dimension in some columns but not in others; the first item must "
+                    "come from a writer (Client.trajectory_writer, Client.writer).")
             return _storage.whole_items(self.config.signature)
         paths = specs.path_strings(treedef)
         column_specs = []

@@ -98,14 +98,11 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
         except errors.SchemaError:  # they do not match either: the structure is the news
             raise _structure_error(table, treedef, expected_treedef, column_specs) from None
     if engine.has_columns():
-        if engine.storage.variable:
-            raise errors.SchemaError(
-                f"Table '{table}' holds items of any length (its signature has a None time "
-                "dimension), written by a writer: insert its items with "
-                "Client.trajectory_writer or Client.writer, not Client.insert.")
         kinds = _item_forms.column_kinds(engine)
     else:  # the first item defines whole items of the signature's (or its own) shapes
-        kinds = [(_item_forms.WHOLE, tuple(spec.shape)) for spec in column_specs]
+        # (a signature's None time dimension: steps of any length; see propose_whole_items)
+        kinds = [(_item_forms.SEQUENCE if specs.varies_in_time(spec) else _item_forms.WHOLE,
+                  tuple(spec.shape)) for spec in column_specs]
     arrays, bits = [], []
     for leaf, spec, path, (kind, stored) in zip(leaves, column_specs, paths, kinds):
         array = to_array(leaf, table, path)
@@ -113,6 +110,14 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
             raise _not_numbers(table, path, leaf, array, spec)  # (say so, not its shape)
         shape = array.shape[1:] if batched else array.shape
         bit = _item_forms.flip_bit(kind, stored, (1,) + shape)
+        if stored and stored[0] is None:  # a column of any length (``docs/writers.md``)
+            if bit == 0:  # one step, as Reverb's insert makes it: a time dimension of 1
+                shape = (1,) + shape
+                array = array[:, None] if batched else array[None]
+                stored = shape
+            elif len(shape) == len(stored) and shape[1:] == stored[1:]:
+                bit = 0  # a whole sequence, stored as it is
+                stored = shape
         if bit is None:
             if shape != stored:
                 raise errors.SchemaError(

@@ -41,10 +41,12 @@ def check_rows_fit(engine, storage, columns: list):
     needed = len(shared) + sum(len(c.refs) for c in columns if c.source is None)
     rows = storage.row_capacity(engine.capacity)
     if needed > rows:
+        sized = (f"its step budget, max_steps" if storage.variable
+                 else f"sized for {storage.steps_per_item} steps per item")
         raise errors.SchemaError(
             f"Table '{engine.name}': the item references {needed} distinct steps, more "
-            f"than the step storage it would define can hold ({rows} rows, sized for "
-            f"{storage.steps_per_item} steps per item). Nothing was stored.")
+            f"than the step storage it would define can hold ({rows} rows: {sized}). "
+            "Nothing was stored.")
 
 
 def validate_item(engine, treedef, columns: list, paths: list[str],
@@ -67,9 +69,16 @@ def validate_item(engine, treedef, columns: list, paths: list[str],
     got = item_specs(columns)
     layout = engine.known_layout()
     if layout is None:
-        return _storage.step_storage(specs.optree.tree_unflatten(treedef, got), _cells(columns),
-                                     [len(c.refs) for c in columns],
-                                     [c.squeeze for c in columns], [c.source for c in columns])
+        # No signature: as in Reverb, later items may have other lengths than this one
+        # (each column its own), so the table stores items of any length.
+        lengths = [len(c.refs) for c in columns]
+        squeezes = [c.squeeze for c in columns]
+        stored = [specs.TensorSpec(cell.shape if squeeze else (None,) + cell.shape, cell.dtype)
+                  for cell, squeeze in zip(_cells(columns), squeezes)]
+        storage = _storage.step_storage(specs.optree.tree_unflatten(treedef, stored),
+                                        _cells(columns), lengths, squeezes,
+                                        [c.source for c in columns])
+        return _variable(engine, storage, columns, lengths)
     expected_treedef, expected_specs, _ = layout
     if not specs.same_structure(treedef, expected_treedef):
         problems, _ = specs.structure_mismatch(treedef, expected_treedef, expected_specs)
@@ -111,6 +120,11 @@ def validate_item(engine, treedef, columns: list, paths: list[str],
                                     [c.source for c in columns])
     if not any(variable):
         return storage
+    return _variable(engine, storage, columns, lengths)
+
+
+def _variable(engine, storage, columns, lengths):
+    """``storage`` made one of items of any length, sized by this first item."""
     distinct = len({ref.uid for column in columns for ref in column.refs})
     return _storage.variable_step_storage(storage, engine.capacity, distinct, sum(lengths),
                                           getattr(engine.config, "max_steps", None))

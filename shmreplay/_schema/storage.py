@@ -25,8 +25,6 @@ import dataclasses
 import math
 from typing import Any, Optional, Tuple
 
-import numpy as np
-
 from shmreplay import specs
 
 
@@ -98,10 +96,9 @@ def step_storage(signature, cells, lengths, squeezes, sources) -> Storage:
     return Storage(signature, True, tuple(store_specs), tuple(store_sources), tuple(columns))
 
 
-# The least memory the steps of a table of items of any length get by default: a table
-# of a few short first items still takes long ones without evicting.
-STEP_FLOOR_BYTES = 16 << 20
+MIN_STEPS = 1024  # the least steps a table of items of any length holds by default
 MAX_POOL = (1 << 30) - 1  # blocks and rows are int32 indices (see ``refpool.MARK``)
+INLINE_MAX = 64  # references a slot's head keeps at most (longer items: blocks)
 
 
 def variable_step_storage(storage: Storage, capacity: int, distinct: int, references: int,
@@ -110,10 +107,12 @@ def variable_step_storage(storage: Storage, capacity: int, distinct: int, refere
     of any length: each column of ``signature`` whose time dimension is ``None`` takes
     any number of steps.
 
-    The budget: ``max_steps`` rows if given, else room for ``capacity`` items like the
-    first one (``distinct`` steps, ``references`` references), and at least
-    ``STEP_FLOOR_BYTES`` of steps; the pool holds as many references per row as the
-    first item has, twice over, and a block per slot.
+    The budget: ``max_steps`` rows if given, else room for ``capacity`` items twice as
+    long as the first one (``distinct`` steps, ``references`` references): about what
+    fixed-length items of twice its length would take, so that a small table stays
+    small (a container's ``/dev/shm`` is often 64 MiB). A slot's head holds an item
+    with as many references as the first (up to ``INLINE_MAX``); the pool's blocks hold
+    the rest, as many references per row as the first item has, and a block per slot.
     """
     column_specs = specs.flatten(storage.signature)[0]
     columns = tuple(
@@ -121,18 +120,17 @@ def variable_step_storage(storage: Storage, capacity: int, distinct: int, refere
         if (not column.squeeze and spec.shape and spec.shape[0] is None)
         else dataclasses.replace(column, offset=0)
         for column, spec in zip(storage.columns, column_specs))
-    step_bytes = max(1, sum(int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
-                            for spec in storage.store_specs))
     distinct = max(1, distinct)
     if max_steps is None:
-        rows = max(capacity * distinct, STEP_FLOOR_BYTES // step_bytes)
+        rows = max(2 * capacity * distinct, MIN_STEPS)
     else:
         rows = int(max_steps)
     rows = min(rows, MAX_POOL)
-    block_width = max(16, -(-(len(columns) + 2) // 8) * 8)
+    # Slot heads keep an item like the first (up to INLINE_MAX references) inline.
+    block_width = max(16, -(-(len(columns) + 2 + min(references, INLINE_MAX)) // 8) * 8)
     per_block = block_width - 1
     references = max(1, references)
-    refs = math.ceil(2 * rows * references / distinct)
+    refs = math.ceil(rows * references / distinct)
     blocks = min(capacity + -(-refs // per_block), MAX_POOL - capacity)
     return dataclasses.replace(storage, columns=columns, variable=True, row_budget=rows,
                                pool_blocks=blocks, block_width=block_width)

@@ -468,7 +468,7 @@ def _insert_whole(engine, columns, priority, timeout, form: int, episode):
         else:
             array = np.stack([ref.value for ref in column.refs])
         arrays.append(np.reshape(array, spec.shape))
-    slots, rows = engine.reserve_items(1, timeout)
+    slots, rows = engine.reserve_items(1, timeout, arrays)
     try:
         engine.write_items(slots, rows, arrays, False)
         record_episode(engine, int(slots[0]), episode)

@@ -29,6 +29,7 @@ class AnyLength(StepRefs):
         super().__init__(engine, segment, plan)
         self._columns = len(engine.storage.columns)
         self._squeezed = np.array([c.squeeze for c in engine.storage.columns])
+        self._inline = int(engine.refs.shape[1]) - refpool.HEAD_LENGTHS - self._columns
         # Each store as rows of the widest words that divide a row, for ``copy_padded``.
         self._words = [_as_words(store) for store in engine.columns]
 
@@ -42,7 +43,12 @@ class AnyLength(StepRefs):
         widths[self._squeezed] = 1
         starts = np.zeros(columns, np.int64)
         np.cumsum(widths[:-1], out=starts[1:])
-        rows = np.empty((count, int(widths.sum())), np.int64)
+        total = int(widths.sum())
+        if count and total <= self._inline and (lengths == widths).all():
+            # Every item has the same lengths and fits its head (a batch like the first
+            # item): the references are one slice of the heads, and need no padding.
+            return self._gather_uniform(slots, lengths, starts, widths, total)
+        rows = np.empty((count, total), np.int64)
         refpool.gather_rows(engine.refs, engine.capacity, engine.rows.shape[0] - 1, columns,
                             slots, starts, widths, rows)
         data = Gathered()
@@ -57,6 +63,19 @@ class AnyLength(StepRefs):
                                     values.reshape(count, width, -1).view(words.dtype))
             data.append(values)
         data.lengths = np.minimum(lengths, widths)
+        return data
+
+    def _gather_uniform(self, slots, lengths, starts, widths, total):
+        """``gather`` of items of one shape that fit their heads: as fixed references."""
+        engine = self.engine
+        base = refpool.HEAD_LENGTHS + self._columns
+        rows = engine.refs.take(slots, axis=0)[:, base:base + total]
+        data = Gathered()
+        for c, column in enumerate(engine.storage.columns):
+            picked = rows[:, starts[c]] if column.squeeze else \
+                rows[:, starts[c]:starts[c] + widths[c]]
+            data.append(_outputs.take(engine.columns[column.store], picked))
+        data.lengths = lengths
         return data
 
     def put_row(self, data, row: int, values):
@@ -75,10 +94,40 @@ class AnyLength(StepRefs):
                 column[row] = value[0]
         data.lengths[row] = values.lengths[0]
 
-    def reserve_items(self, count: int, timeout):
-        raise errors.SchemaError(
-            f"Table '{self.engine.name}' holds items of any length, written by a writer: "
-            "insert its items with a writer (Client.trajectory_writer), not Client.insert.")
+    def _split_for(self, arrays):
+        """Data given whole (``insert``): each column's length is its array's time
+        dimension; columns in different stores share rows, as in ``_split_plan``."""
+        lengths = self._lengths_of(arrays)
+        used, steps = {}, []
+        for column, length in zip(self.engine.storage.columns, lengths):
+            base = used.get(column.store, 0)
+            steps.extend(range(base, base + length))
+            used[column.store] = base + length
+        return np.array(lengths + steps, np.int64), max(1, max(used.values()))
+
+    def _lengths_of(self, arrays):
+        lengths = []
+        for column, array in zip(self.engine.storage.columns, arrays):
+            cell = self.engine.storage.store_specs[column.store].shape
+            lengths.append(1 if column.squeeze else int(array.shape[array.ndim - len(cell) - 1]))
+        return lengths
+
+    def write_items(self, slots, rows, arrays, batched: bool):
+        engine = self.engine
+        ref_steps, _ = self._split_for(arrays)
+        steps = ref_steps[self._columns:]
+        start = 0
+        for column, array, length in zip(engine.storage.columns, arrays,
+                                         ref_steps[:self._columns]):
+            store = engine.columns[column.store]
+            own = steps[start:start + length]
+            start += length
+            for i in range(len(slots)):
+                value = array[i] if batched else array
+                if column.squeeze:
+                    store[rows[i, own[0]]] = value
+                else:
+                    store[rows[i, own]] = value
 
     def copy_held(self, out, rows, count: int, stored_rows: int):
         engine = self.engine
@@ -112,7 +161,8 @@ class AnyLength(StepRefs):
                 or (refs.size and (refs.min() < 0 or refs.max() >= stored))):
             raise errors.CheckpointError(f"Checkpoint {saved.path}: table '{saved.name}' "
                                          "references steps it does not hold.")
-        blocks = sum(int(refpool.blocks_for(int(total), engine.refs.shape[1]))
+        inline = int(refpool.inline(engine.refs, self._columns))
+        blocks = sum(int(refpool.blocks_for(int(total), engine.refs.shape[1], inline))
                      for total in lengths.sum(axis=1))
         if blocks > engine.storage.pool_blocks:
             raise ValueError(f"Table '{engine.name}': the checkpoint's items need {blocks} "
@@ -122,7 +172,7 @@ class AnyLength(StepRefs):
         slots = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
         engine.ctrl[L.C_ROW_FRESH] = stored
         refpool.load(engine.ctrl, engine.meta, engine.refs, engine.rows,
-                     np.asarray(slots, np.int64), lengths, refs)
+                     np.asarray(slots, np.int64), lengths, refs, np.empty(0, np.int64))
 
 
 

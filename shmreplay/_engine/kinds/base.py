@@ -21,9 +21,10 @@ class StorageKind(abc.ABC):
         self.engine = engine
 
     @abc.abstractmethod
-    def reserve_items(self, count: int, timeout):
-        """Reserves ``count`` items for data given whole (``insert``): ``(slots, rows)``,
-        ``rows`` None when items own their rows."""
+    def reserve_items(self, count: int, timeout, arrays):
+        """Reserves ``count`` items for data given whole (``insert``; ``arrays``: the
+        item's columns, as ``write_items`` will get them): ``(slots, rows)``, ``rows``
+        None when items own their rows."""
 
     @abc.abstractmethod
     def write_items(self, slots, rows, arrays, batched: bool):

@@ -23,10 +23,10 @@ class StepRefs(StorageKind):
         super().__init__(engine, segment, plan)
         self._split = None  # see ``_split_plan``
 
-    def reserve_items(self, count: int, timeout):
-        """Each item gets new rows (``_split_plan`` says which reference uses which)."""
+    def reserve_items(self, count: int, timeout, arrays):
+        """Each item gets new rows (``_split_for`` says which reference uses which)."""
         engine = self.engine
-        ref_steps, distinct = self._split_plan()
+        ref_steps, distinct = self._split_for(arrays)
         known = np.full(distinct, -1, np.int64)
         gens = np.zeros(distinct, np.int64)
         if count == 1:  # nothing else is held while this one waits
@@ -68,6 +68,10 @@ class StepRefs(StorageKind):
                 next_reclaim = now + RECLAIM_EVERY
             time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
             pause = min(2 * pause, 0.01)
+
+    def _split_for(self, arrays):
+        """``_split_plan`` for data given whole (the same for every item here)."""
+        return self._split_plan()
 
     def _split_plan(self):
         """How whole item data maps onto new rows: ``(ref_steps, distinct)``.

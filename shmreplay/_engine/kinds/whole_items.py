@@ -31,7 +31,7 @@ class WholeItems(StorageKind):
         engine._stores = stores
         engine._stagings = [] if _staging.Staging.fits(engine.column_specs) else None
 
-    def reserve_items(self, count: int, timeout):
+    def reserve_items(self, count: int, timeout, arrays):
         return self.engine.reserve(count, timeout), None
 
     def write_items(self, slots, rows, arrays, batched: bool):

@@ -203,7 +203,9 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
     pooled = refpool.pooled(meta, refs)
     blocks = 0
     if pooled:
-        blocks = refpool.blocks_for(ref_steps.shape[0] - ctrl[C_REF_COLUMNS], refs.shape[1])
+        columns = ctrl[C_REF_COLUMNS]
+        blocks = refpool.blocks_for(ref_steps.shape[0] - columns, refs.shape[1],
+                                    refpool.inline(refs, columns))
     evicted = 0
     while ((step_rows.free_rows(ctrl) < need
             or (pooled and refpool.free_blocks(ctrl, meta, refs) < blocks))

@@ -1,25 +1,30 @@
-"""Variable-length step references: each item's references in a chain of pool blocks.
+"""Variable-length step references: each item's references in its slot's head and a
+chain of pool blocks.
 
 A table whose items have columns of any length (a signature with a ``None`` time
 dimension) cannot give every slot a fixed row of references. Its ``refs`` array has
 ``capacity + P`` records of ``K`` int32 (``K = refs.shape[1]``):
 
-* records ``0 .. capacity-1`` are **slot heads**: ``[first, total, length_0, ..]``:
-  the item's first block (encoded as below), how many references it holds, and each
-  column's length (``C_REF_COLUMNS`` columns), in column order;
+* records ``0 .. capacity-1`` are **slot heads**: ``[first, total, length_0, ..,
+  length_{C-1}, ref_0, .., ref_{I-1}]``: the item's first block (encoded as below), how
+  many references it holds, each column's length (``C = C_REF_COLUMNS`` columns), and
+  its first ``I = K - 2 - C`` references **inline** (``inline``): an item like the
+  first one the table took fits its head (``K`` is sized for it), so it costs one record,
+  as a fixed-length item does;
 * records ``capacity + b`` are **blocks** ``b = 0 .. P-1``: ``K - 1`` references, then a
-  link. The references of an item are its columns' references one after another.
+  link. An item's references are its columns' references one after another: the first
+  ``I`` in its head, the rest in its chain.
 
 A block's link (and a head's ``first``) is ``b + 1`` for the next block ``b``, 0 for
 none; ``MARK`` is added while a rebuild marks the blocks it reached. A free block's
 link is ``-2 - next free`` (-1 ends the stack), as step rows' counts are
 (``shmreplay._shm.kernels.rows``): a used link is never negative.
 
-``shmreplay._shm.kernels.rows`` releases an item's chain (it frees rows too).
-Everything runs under the table's lock except ``lengths`` and ``gather_rows``, which
-samplers call after it; they check every index they read (the item may be removed and
-its blocks reused meanwhile: the sampler's version check then redraws it), so a torn
-read can only give wrong rows, never a wrong address or an endless walk.
+``shmreplay._shm.kernels.rows`` releases an item (it frees rows too). Everything runs
+under the table's lock except ``lengths`` and ``gather_rows``, which samplers call
+after it; they check every index they read (the item may be removed and its blocks
+reused meanwhile: the sampler's version check then redraws it), so a torn read can only
+give wrong rows, never a wrong address or an endless walk.
 
 Whether a table uses the pool is in its array shapes: ``refs`` has more records than
 the table has slots (``pooled``).
@@ -39,9 +44,16 @@ def pooled(meta, refs):
 
 
 @kernel
-def blocks_for(total, width):
-    """Blocks an item of ``total`` references takes (``width - 1`` per block)."""
-    return (total + width - 2) // (width - 1)
+def inline(refs, columns):
+    """References an item keeps in its slot's head."""
+    return refs.shape[1] - HEAD_LENGTHS - columns
+
+
+@kernel
+def blocks_for(total, width, inline_refs):
+    """Blocks an item of ``total`` references takes (``width - 1`` per block, after the
+    ``inline_refs`` in its head)."""
+    return max(0, (total - inline_refs + width - 2) // (width - 1))
 
 
 @kernel
@@ -77,21 +89,37 @@ def write_item(ctrl, meta, refs, rows, slot, out_rows, ref_steps):
 
     ``ref_steps``: the item's column lengths (``C_REF_COLUMNS`` of them), then per
     reference the distinct step it reads (an index into ``out_rows``). The caller
-    checked that enough blocks are free. The head is written last, so a crash before
-    leaves the slot without blocks (a rebuild frees the unreached ones).
+    checked that enough blocks are free. The head's total and first block are written
+    last, so a crash before leaves the slot without blocks (a rebuild frees the
+    unreached ones; the slot is not WRITING yet, so its rows are not counted).
     """
-    capacity = meta.shape[0]
     columns = ctrl[C_REF_COLUMNS]
-    width = refs.shape[1]
-    per_block = width - 1
-    total = ref_steps.shape[0] - columns
+    for c in range(columns):
+        refs[slot, HEAD_LENGTHS + c] = ref_steps[c]
+    _place(ctrl, meta, refs, rows, slot, out_rows, ref_steps[columns:], columns)
+
+
+@kernel
+def _place(ctrl, meta, refs, rows, slot, out_rows, steps, columns):
+    """Puts ``out_rows[steps[j]]`` as the item's ``j``-th reference (head, then new
+    blocks), counts each on its row, and sets the head's total and first block last.
+    ``out_rows`` is None-like when ``steps`` are rows already (``load``: see there)."""
+    capacity = meta.shape[0]
+    per_block = refs.shape[1] - 1
+    total = steps.shape[0]
+    kept = min(total, inline(refs, columns))
+    base = HEAD_LENGTHS + columns
+    for j in range(kept):
+        row = out_rows[steps[j]] if out_rows.shape[0] > 0 else steps[j]
+        refs[slot, base + j] = row
+        rows[row, R_COUNT] += 1
     first = 0
     previous = -1
-    for start in range(0, total, per_block):
+    for start in range(kept, total, per_block):
         block = _pop_block(ctrl, meta, refs)
         record = capacity + block
         for j in range(min(per_block, total - start)):
-            row = out_rows[ref_steps[columns + start + j]]
+            row = out_rows[steps[start + j]] if out_rows.shape[0] > 0 else steps[start + j]
             refs[record, j] = row
             rows[row, R_COUNT] += 1
         refs[record, per_block] = 0
@@ -100,8 +128,6 @@ def write_item(ctrl, meta, refs, rows, slot, out_rows, ref_steps):
         else:
             first = block + 1
         previous = block
-    for c in range(columns):
-        refs[slot, HEAD_LENGTHS + c] = ref_steps[c]
     refs[slot, HEAD_TOTAL] = total
     refs[slot, HEAD_FIRST] = first
 
@@ -109,30 +135,40 @@ def write_item(ctrl, meta, refs, rows, slot, out_rows, ref_steps):
 @kernel
 def count_refs(ctrl, meta, refs, rows, slot, step):
     """Adds ``step`` to the count of every row the item in ``slot`` references and
-    marks its blocks (``verify``; ``unmark`` undoes the marks). Returns False, leaving
-    the failing block untouched, if its chain is broken: a block out of range, free or
-    reached twice, a row out of range, or too few blocks for its total."""
+    marks its blocks (``verify``; ``unmark`` undoes the marks). Returns 0, or where it
+    found the item broken: 1 in its head (nothing changed), 2 in its chain (the head's
+    rows counted, the blocks before the failing one counted and marked): a block out of
+    range, free or reached twice, a row out of range, or too few blocks for its total."""
     capacity = meta.shape[0]
     per_block = refs.shape[1] - 1
     fresh = ctrl[C_BLOCK_FRESH]
-    block = refs[slot, HEAD_FIRST] - 1
+    columns = ctrl[C_REF_COLUMNS]
+    base = HEAD_LENGTHS + columns
     remaining = refs[slot, HEAD_TOTAL]
+    kept = min(remaining, inline(refs, columns))
+    for j in range(kept):
+        if not 0 <= refs[slot, base + j] < rows.shape[0] - 1:
+            return 1
+    for j in range(kept):
+        rows[refs[slot, base + j], R_COUNT] += step
+    remaining -= kept
+    block = refs[slot, HEAD_FIRST] - 1
     while remaining > 0:
         if not 0 <= block < fresh:
-            return False
+            return 2
         record = capacity + block
         link = refs[record, per_block]
         if not 0 <= link < MARK:
-            return False
+            return 2
         for j in range(min(per_block, remaining)):
             if not 0 <= refs[record, j] < rows.shape[0] - 1:
-                return False
+                return 2
         for j in range(min(per_block, remaining)):
             rows[refs[record, j], R_COUNT] += step
         refs[record, per_block] = link + MARK
         remaining -= per_block
         block = link - 1
-    return True
+    return 0
 
 
 @kernel
@@ -148,7 +184,7 @@ def lengths_ok(ctrl, refs, slot):
 
 @kernel
 def rebuild_blocks(ctrl, meta, refs, rows, fresh_slots):
-    """Recounts rows from the chains of the slots that hold an item or a reservation
+    """Recounts rows from the items of the slots that hold an item or a reservation
     (of the first ``fresh_slots``) and makes every block none of them reaches free
     again.
 
@@ -158,12 +194,20 @@ def rebuild_blocks(ctrl, meta, refs, rows, fresh_slots):
     capacity = meta.shape[0]
     per_block = refs.shape[1] - 1
     fresh = ctrl[C_BLOCK_FRESH]
+    columns = ctrl[C_REF_COLUMNS]
+    base = HEAD_LENGTHS + columns
     for slot in range(fresh_slots):
         state = meta[slot, M_STATE]
         if not (state == codes.READY or state == codes.WRITING or state == codes.DRAINING):
             continue
-        block = refs[slot, HEAD_FIRST] % MARK - 1
         remaining = refs[slot, HEAD_TOTAL]
+        kept = min(remaining, inline(refs, columns))
+        for j in range(kept):
+            row = refs[slot, base + j]
+            if 0 <= row < rows.shape[0] - 1:
+                rows[row, R_COUNT] += 1
+        remaining -= kept
+        block = refs[slot, HEAD_FIRST] % MARK - 1
         while remaining > 0 and 0 <= block < fresh:
             record = capacity + block
             link = refs[record, per_block]
@@ -220,45 +264,40 @@ def gather_rows(refs, capacity, row_count, columns, slots, starts, widths, out):
     Every block index and row is checked (blocks ``0 .. P-1``, rows ``0 ..
     row_count-1``, else -1) and the walk visits at most the blocks its total needs, so
     an item torn meanwhile gives wrong rows (redrawn by the caller), never a bad
-    address.
+    address. (Position -1 is the head: its inline references come first.)
     """
     pool = refs.shape[0] - capacity
     per_block = refs.shape[1] - 1
+    kept = inline(refs, columns)
+    base = HEAD_LENGTHS + columns
     for i in range(slots.shape[0]):
         slot = slots[i]
-        block = refs[slot, HEAD_FIRST] % MARK - 1
-        position = 0
+        record = slot  # the head first
+        position = base
+        end = base + kept
+        link = refs[slot, HEAD_FIRST]
+        hops = 0  # (a torn read may meet a cycle: at most ``pool`` blocks are walked)
         for c in range(columns):
             length = refs[slot, HEAD_LENGTHS + c]
             start = starts[c]
             width = widths[c]
             k = 0
-            wanted = min(length, width)
-            while k < wanted:
-                if position == per_block:
-                    link = refs[capacity + block, per_block] if 0 <= block < pool else -1
-                    block = link % MARK - 1 if link >= 0 else -1
+            while k < length:
+                if position == end:  # on to the next block
+                    hops += 1
+                    if not 0 < link <= pool or hops > pool:
+                        break
+                    record = capacity + link - 1
                     position = 0
-                if not 0 <= block < pool:
-                    break
-                record = capacity + block
-                run = min(wanted - k, per_block - position)  # the rest of this block
-                for j in range(run):
+                    end = per_block
+                    link = refs[record, per_block] % MARK
+                run = min(length - k, end - position)
+                for j in range(min(run, width - k)):
                     row = refs[record, position + j]
                     out[i, start + k + j] = row if 0 <= row < row_count else -1
                 position += run
                 k += run
-            # (a column cut at the batch's width, by a torn read only, skips its rest)
-            skip = length - k
-            while skip > 0 and 0 <= block < pool:
-                step = min(skip, per_block - position)
-                position += step
-                skip -= step
-                if skip > 0:
-                    link = refs[capacity + block, per_block]
-                    block = link % MARK - 1 if link >= 0 else -1
-                    position = 0
-            for rest in range(k, width):
+            for rest in range(min(k, width), width):
                 out[i, start + rest] = -1
 
 
@@ -285,13 +324,19 @@ def flatten(refs, capacity, columns, slots, out_lengths, out_refs):
     their column lengths and, one after another, their references. Returns how many
     references were written."""
     per_block = refs.shape[1] - 1
+    base = HEAD_LENGTHS + columns
     done = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
         for c in range(columns):
             out_lengths[i, c] = refs[slot, HEAD_LENGTHS + c]
-        block = refs[slot, HEAD_FIRST] % MARK - 1
         remaining = refs[slot, HEAD_TOTAL]
+        kept = min(remaining, inline(refs, columns))
+        for j in range(kept):
+            out_refs[done] = refs[slot, base + j]
+            done += 1
+        remaining -= kept
+        block = refs[slot, HEAD_FIRST] % MARK - 1
         while remaining > 0 and block >= 0:
             record = capacity + block
             for j in range(min(per_block, remaining)):
@@ -303,13 +348,11 @@ def flatten(refs, capacity, columns, slots, out_lengths, out_refs):
 
 
 @kernel
-def load(ctrl, meta, refs, rows, slots, item_lengths, flat_refs):
+def load(ctrl, meta, refs, rows, slots, item_lengths, flat_refs, no_rows):
     """Writes restored items into a new table's pool: ``item_lengths [n, columns]`` and
-    their references one after another (``flat_refs``: rows already restored), and
-    counts them on their rows. Runs before the table is served."""
+    their references one after another (``flat_refs``: rows already restored; pass an
+    empty ``no_rows``), and counts them on their rows. Runs before the table is served."""
     columns = ctrl[C_REF_COLUMNS]
-    capacity = meta.shape[0]
-    per_block = refs.shape[1] - 1
     start = 0
     for i in range(slots.shape[0]):
         slot = slots[i]
@@ -317,21 +360,6 @@ def load(ctrl, meta, refs, rows, slots, item_lengths, flat_refs):
         for c in range(columns):
             refs[slot, HEAD_LENGTHS + c] = item_lengths[i, c]
             total += item_lengths[i, c]
-        first = 0
-        previous = -1
-        for offset in range(0, total, per_block):
-            block = _pop_block(ctrl, meta, refs)
-            record = capacity + block
-            for j in range(min(per_block, total - offset)):
-                row = flat_refs[start + offset + j]
-                refs[record, j] = row
-                rows[row, R_COUNT] += 1
-            refs[record, per_block] = 0
-            if previous >= 0:
-                refs[capacity + previous, per_block] = block + 1
-            else:
-                first = block + 1
-            previous = block
-        refs[slot, HEAD_TOTAL] = total
-        refs[slot, HEAD_FIRST] = first
+        _place(ctrl, meta, refs, rows, slot, no_rows, flat_refs[start:start + total],
+               columns)
         start += total

@@ -92,10 +92,20 @@ def _release_chain(ctrl, meta, refs, rows, slot):
     is emptied first, so a crash half-way leaves no chain that reaches a freed block."""
     capacity = meta.shape[0]
     per_block = refs.shape[1] - 1
+    columns = ctrl[C_REF_COLUMNS]
+    base = refpool.HEAD_LENGTHS + columns
     block = refs[slot, refpool.HEAD_FIRST] - 1
     remaining = refs[slot, refpool.HEAD_TOTAL]
     refs[slot, refpool.HEAD_FIRST] = 0
     refs[slot, refpool.HEAD_TOTAL] = 0
+    kept = min(remaining, refpool.inline(refs, columns))
+    for j in range(kept):  # (the head's references: the total, already 0, covered them)
+        row = refs[slot, base + j]
+        count = rows[row, R_COUNT] - 1
+        rows[row, R_COUNT] = count
+        if count == 0:
+            push_row(ctrl, rows, row)
+    remaining -= kept
     while block >= 0 and remaining > 0:
         record = capacity + block
         for j in range(min(per_block, remaining)):

@@ -14,7 +14,7 @@ followed).
 from shmreplay._shm.kernels import codes, heap, kernel, refpool
 from shmreplay._shm.kernels.sumtree import weight
 from shmreplay._shm.layout import (
-    C_DELETES, C_FRESH, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH, C_ROWS_LIVE, R_COUNT, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
+    C_DELETES, C_FRESH, C_REF_COLUMNS, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH, C_ROWS_LIVE, R_COUNT, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
     C_TAIL, C_TREE_LEAVES, F_EXPONENT0, M_HEAP0, M_HEAP_POS0, M_LIVE, M_LIVE_POS, M_NEXT,
     M_ORDER, M_STATE)
 
@@ -182,24 +182,34 @@ def _subtract_chains(ctrl, meta, refs, rows, fresh):
     broken, or a chain reaches a block another chain reached."""
     for slot in range(fresh):
         if _holds_refs(meta, slot):
-            if not (refpool.lengths_ok(ctrl, refs, slot)
-                    and refpool.count_refs(ctrl, meta, refs, rows, slot, -1)):
-                _add_back_chains(ctrl, meta, refs, rows, fresh)
+            broken = 0 if refpool.lengths_ok(ctrl, refs, slot) else 1
+            if broken == 0:
+                broken = refpool.count_refs(ctrl, meta, refs, rows, slot, -1)
+            if broken:
+                # (the failing slot's head was counted only if its chain failed)
+                _add_back_chains(ctrl, meta, refs, rows, slot + (broken == 2))
                 return False
     return True
 
 
 @kernel
 def _add_back_chains(ctrl, meta, refs, rows, fresh):
-    """Undoes ``_subtract_chains`` (as far as it went); returns the blocks it unmarked."""
+    """Undoes ``_subtract_chains`` for the first ``fresh`` slots (their heads; their
+    chains as far as marked); returns the blocks it unmarked."""
     used = 0
     per_block = refs.shape[1] - 1
     capacity = meta.shape[0]
+    columns = ctrl[C_REF_COLUMNS]
+    base = refpool.HEAD_LENGTHS + columns
     for slot in range(fresh):
         if not _holds_refs(meta, slot):
             continue
-        block = refs[slot, refpool.HEAD_FIRST] - 1
         remaining = refs[slot, refpool.HEAD_TOTAL]
+        kept = min(remaining, refpool.inline(refs, columns))
+        for j in range(kept):
+            rows[refs[slot, base + j], R_COUNT] += 1
+        remaining -= kept
+        block = refs[slot, refpool.HEAD_FIRST] - 1
         while remaining > 0 and 0 <= block < refs.shape[0] - capacity:
             record = capacity + block
             link = refs[record, per_block]

@@ -82,11 +82,13 @@ def _concatenate_padded(*leaves):
 
 
 def any_length_columns(engine) -> list:
-    """Per column of ``engine`` 's signature: whether it takes items of any length
-    (its time dimension is None); [] for a table without a signature."""
-    if engine.config.signature is None:
+    """Per column of ``engine`` 's items: whether it takes items of any length (its time
+    dimension is None: the signature's, or a table without one whose first item came
+    from a writer); [] while nothing says what the items look like."""
+    layout = engine.known_layout()
+    if layout is None:
         return []
-    return [specs.varies_in_time(spec) for spec in engine.config.column_specs]
+    return [specs.varies_in_time(spec) for spec in layout[1]]
 
 
 def check_pad_to(engine, pad_to) -> int:

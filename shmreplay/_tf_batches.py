@@ -68,12 +68,18 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     treedef, _, shape_leaves = common.flatten_specs(dtypes, shapes)
     any_length = [bool(shape) and shape[0] is None for shape in shape_leaves]
     if pad_to is not None:
-        _check_pad_to(table, pad_to, batch_size, any(any_length))
+        _check_pad_to(table, pad_to, batch_size, any(any_length), sequence_length)
     if sequence_length is not None and any(any_length):
-        raise ValueError(
-            f"make_dataset: sequence_length={sequence_length}, but table '{table}' holds "
-            "items of any length (a None time dimension); leave sequence_length out (pad_to "
-            "gives the batches one time dimension).")
+        # Acme's fixed sequences from a table of items of any length: each batch's items
+        # are checked to have that length (a plain ReplaySample, as for fixed items).
+        shapes = specs.optree.tree_unflatten(treedef, [
+            (sequence_length,) + tuple(shape[1:]) if flag else shape
+            for shape, flag in zip(shape_leaves, any_length)])
+        fixed_length = (sequence_length, any_length)
+        shape_leaves = common.flatten_specs(dtypes, shapes)[2]
+        any_length = [False] * len(any_length)
+    else:
+        fixed_length = None
     if sequence_length is not None:
         lengths = {shape[0] for shape in common.flatten_specs(dtypes, shapes)[2] if shape}
         if lengths != {sequence_length}:
@@ -105,10 +111,14 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
         spec = (spec, tf.nest.map_structure(
             lambda _: tf.TensorSpec((batch_size,), tf.int64), spec.data))
     return _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches,
-                          num_parallel_calls, deterministic, prefetch_size, pad_to)
+                          num_parallel_calls, deterministic, prefetch_size, pad_to,
+                          fixed_length)
 
 
-def _check_pad_to(table, pad_to, batch_size, any_length):
+def _check_pad_to(table, pad_to, batch_size, any_length, sequence_length):
+    if sequence_length is not None:
+        raise ValueError("make_dataset: give pad_to (padded items of any length) or "
+                         "sequence_length (items of exactly that length), not both.")
     if isinstance(pad_to, bool) or int(pad_to) != pad_to or pad_to < 1:
         raise ValueError(f"make_dataset: pad_to must be None or an integer >= 1, got "
                          f"{pad_to!r}.")
@@ -123,7 +133,8 @@ def _check_pad_to(table, pad_to, batch_size, any_length):
 
 
 def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches,
-                   num_parallel_calls, deterministic, prefetch_size, pad_to=None):
+                   num_parallel_calls, deterministic, prefetch_size, pad_to=None,
+                   fixed_length=None):
     """``make_dataset`` 's batches: ``range`` mapped through ``tf.numpy_function``.
 
     Not ``from_generator``: it converts every leaf in Python and copied the arrays; a
@@ -148,6 +159,8 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
         leaves = tf.nest.flatten(sample)
         if padded:
             leaves += tf.nest.flatten(sample.lengths)
+        elif fixed_length is not None:
+            _check_fixed_length(table, sample, fixed_length)
         return [True] + leaves if ends else leaves
 
     def to_sample(index):
@@ -167,6 +180,18 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     if ends:
         dataset = dataset.take_while(_is_ok).map(_drop_ok)
     return common.no_lookahead(dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset)
+
+
+def _check_fixed_length(table, sample, fixed_length):
+    """Every item of ``sample`` (a ``PaddedSample``) has the ``sequence_length`` steps of
+    ``fixed_length = (sequence_length, flags of the columns of any length)``."""
+    length, flags = fixed_length
+    for lengths, flag in zip(tf.nest.flatten(sample.lengths), flags):
+        if flag and (lengths != length).any():
+            raise ValueError(
+                f"make_dataset: sequence_length={length}, but table '{table}' gave an item "
+                f"of {int(lengths[lengths != length][0])} steps (its items have any "
+                "length): leave sequence_length out for padded batches with their lengths.")
 
 
 def _is_ok(ok, _):

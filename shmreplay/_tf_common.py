@@ -207,9 +207,12 @@ def any_length_columns(server_address, table: str, data_spec) -> list:
         return []
     try:
         engine = client._buffer.by_name.get(table)
-        return [] if engine is None else _batches.any_length_columns(engine)
+        flags = [] if engine is None else _batches.any_length_columns(engine)
     finally:
         client.close()
+    # Cut only where the spec leaves the time dimension open (a fixed one is checked).
+    return [flag and bool(spec.shape.rank) and spec.shape[0] is None
+            for flag, spec in zip(flags, tf.nest.flatten(data_spec))]
 
 
 def shared_tensor(leaf):

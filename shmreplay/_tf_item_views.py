@@ -24,6 +24,7 @@ from shmreplay._schema import item_forms as forms
 
 _KEEP, _ADD_TIME, _DROP_TIME = range(3)
 _ANY_LENGTH = -1  # (a plan's timestep length) items of any length: each has its own
+_SPEC_LENGTH = 3  # a column of any length read at the spec's fixed time dimension
 
 
 class ItemViews:
@@ -90,12 +91,30 @@ class ItemViews:
                     "items with TrajectoryDataset.")
             steps = [leaf[np.arange(leaf.shape[1]) < first[:, None]] for leaf in leaves]
             return [np.repeat(field, first) for field in info], steps
-        flags = [stored[:1] == (None,) for _, stored in plan[1]]
-        if flags != self._expected_any:
+        flags = [action == _KEEP and stored[:1] == (None,) for action, stored in plan[1]]
+        if flags != (self._expected_any or [False] * len(flags)):
             self._changed()
-        out = [leaf if action == _KEEP else leaf[:, None] if action == _ADD_TIME else leaf[:, 0]
+        for index, (n, (action, stored)) in enumerate(zip(lengths, plan[1])):
+            if stored[:1] == (None,) and action != _KEEP:  # the spec fixes the length
+                want = 1 if action == _DROP_TIME else self._shapes[index][0]
+                if (n != want).any():
+                    self._wrong_length(index, action, n[n != want][0])
+        out = [leaf if action in (_KEEP, _SPEC_LENGTH) else leaf[:, None]
+               if action == _ADD_TIME else leaf[:, 0]
                for leaf, (action, _) in zip(leaves, plan[1])]
         return info, out + [n for n, flag in zip(lengths, flags) if flag]
+
+    def _wrong_length(self, index, action, length):
+        # Reverb's words (see ``_refuse``): the item's shape against the spec's.
+        spec, dtype = self._shapes[index], specs.tf_dtype_name(self._dtypes[index])
+        cell = spec.as_list()[1:] if action == _SPEC_LENGTH else spec.as_list()
+        raise ValueError(
+            f"Table '{self._table}': requested incompatible tensor at flattened index "
+            f"{index} (column {self._paths[index]}). Specification has (dtype, shape): "
+            f"({dtype}, {_shape_str(spec)}).  Tensor has (dtype, shape): ({dtype}, "
+            f"{_shape_str([int(length)] + cell)}). The items are sequences of any length "
+            f"(this one of {int(length)} steps): give the spec a None time dimension to read "
+            "them all.")
 
     def _changed(self):
         raise ValueError(
@@ -110,6 +129,7 @@ class ItemViews:
                 f"Table '{self._table}': the dataset expects {len(self._shapes)} tensors per "
                 f"item, the table's items have {len(leaves)}.")
         paths = engine.paths if engine.has_columns() else [str(i) for i in range(len(kinds))]
+        self._paths = paths  # (for errors found when items come)
         length = self._timestep_length(kinds) if self._timesteps else None
         actions = []
         for index, (kind, stored) in enumerate(kinds):
@@ -119,16 +139,18 @@ class ItemViews:
             elif kind == forms.WHOLE or kind == forms.SQUEEZED:
                 views = {_KEEP: stored} if self._timesteps else {
                     _KEEP: stored, _ADD_TIME: (1,) + stored}
-            elif kind == forms.ONE_STEP:
+            elif kind == forms.ONE_STEP or stored[:1] == (None,):
                 views = {_KEEP: stored, _DROP_TIME: stored[1:]}
             else:
                 views = {_KEEP: stored}
             spec_shape = self._shapes[index]
             action = next((a for a, shape in views.items()
                            if spec_shape.is_compatible_with(shape)), None)
-            if (length is None and stored[:1] == (None,) and spec_shape.rank
+            if (length is None and stored[:1] == (None,) and action == _KEEP
                     and spec_shape[0] is not None):
-                action = None  # items of any length fit no fixed time dimension
+                # Items of any length read at the spec's length, as Reverb checks each
+                # item against the spec (one of another length is refused when it comes).
+                action = _SPEC_LENGTH
             if action is None or dtype != self._dtypes[index]:
                 self._refuse(index, paths[index], dtype, kind, stored, length, views)
             actions.append((action, stored))

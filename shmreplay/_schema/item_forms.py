@@ -143,9 +143,10 @@ def reverb_columns(engine, batch) -> list:
         else:
             out.append(leaf)
     lengths = getattr(batch, "lengths", None)
-    if lengths is not None:  # items of any length: each column at its own length
-        out = [column[:int(length[0])]
-               for column, length in zip(out, specs.flatten(lengths)[0])]
+    if lengths is not None:  # items of any length: each such column at its own length
+        out = [column[:int(length[0])] if kind == SEQUENCE and stored[0] is None else column
+               for column, length, (kind, stored)
+               in zip(out, specs.flatten(lengths)[0], column_kinds(engine))]
     return out
 
 

@@ -144,7 +144,7 @@ def test_timestep_dataset_refuses_items_whose_columns_differ_in_length(buffer_na
         client.close()
 
 
-def test_a_fixed_time_dimension_in_the_spec_is_refused(episodes):
+def test_a_spec_with_a_fixed_time_dimension_refuses_items_of_another_length(episodes):
     dataset = shmreplay_tf.TrajectoryDataset(
         episodes, "eps", {"obs": tf.float32, "step": tf.int64},
         {"obs": (7, 4), "step": (None,)}, max_in_flight_samples_per_worker=2)

@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from shmreplay import _batches, _tf_common as common
+from shmreplay import _batches, _tf_common as common, specs
 from shmreplay._tf_items import TrajectoryDataset
 from shmreplay.replay_sample import ReplaySample
 
@@ -18,12 +18,19 @@ from shmreplay.replay_sample import ReplaySample
 def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                  prefetch_size: int = 2, sequence_length: Optional[int] = None,
                  num_parallel_calls: Optional[int] = None, deterministic: bool = True,
-                 rate_limiter_timeout_ms: int = -1, max_batches: int = -1):
+                 rate_limiter_timeout_ms: int = -1, max_batches: int = -1,
+                 pad_to: Optional[int] = None):
     """A dataset of whole batches, the learner's fast path (Acme's ``make_reverb_dataset``).
 
     Each element is ``ReplaySample`` with ``[batch_size]`` info fields and
     ``[batch_size, ...]`` data: one ``Client.sample_batch`` call, no per-item work in
     tf.data. Shapes come from the table (its signature, or its first item).
+
+    A table of items of any length (a signature's ``None`` time dimension) gives pairs
+    ``(ReplaySample, lengths)`` instead: the columns of any length zero-padded to the
+    batch's longest item (or to ``pad_to`` steps), ``lengths`` a nest like ``data`` of
+    int64 ``[batch_size]`` (``Client.sample_batch`` 's ``PaddedSample``; see
+    ``docs/learners.md`` for why a pair).
 
     Args:
       server_address, table: As for the datasets.
@@ -43,9 +50,13 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
         (True) or as they come (False, faster).
       rate_limiter_timeout_ms: End when a batch could not be filled for this long.
       max_batches: End after this many batches (-1: never).
+      pad_to: Items of any length only: pad their columns to this many steps, so that
+        every batch has one shape (a compiled learner's); a longer item raises
+        ``InvalidArgumentError`` (a ``ValueError`` from ``Client.sample_batch``).
 
     Raises:
-      ValueError: an argument is out of range, or ``sequence_length`` does not match.
+      ValueError: an argument is out of range, ``sequence_length`` does not match, or
+        ``pad_to`` is given for a table of fixed shapes or without ``batch_size``.
     """
     server_address = common.plain(server_address, "server_address")
     table = common.plain(table, "table")
@@ -54,6 +65,21 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     if num_parallel_calls is not None and num_parallel_calls < 1:
         raise ValueError(f"num_parallel_calls must be None or >= 1, got {num_parallel_calls}.")
     dtypes, shapes = common.table_signature(server_address, table)
+    treedef, _, shape_leaves = common.flatten_specs(dtypes, shapes)
+    any_length = [bool(shape) and shape[0] is None for shape in shape_leaves]
+    if pad_to is not None:
+        _check_pad_to(table, pad_to, batch_size, any(any_length), sequence_length)
+    if sequence_length is not None and any(any_length):
+        # Acme's fixed sequences from a table of items of any length: each batch's items
+        # are checked to have that length (a plain ReplaySample, as for fixed items).
+        shapes = specs.optree.tree_unflatten(treedef, [
+            (sequence_length,) + tuple(shape[1:]) if flag else shape
+            for shape, flag in zip(shape_leaves, any_length)])
+        fixed_length = (sequence_length, any_length)
+        shape_leaves = common.flatten_specs(dtypes, shapes)[2]
+        any_length = [False] * len(any_length)
+    else:
+        fixed_length = None
     if sequence_length is not None:
         lengths = {shape[0] for shape in common.flatten_specs(dtypes, shapes)[2] if shape}
         if lengths != {sequence_length}:
@@ -65,23 +91,50 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                                   num_parallel_calls or 1, -1, rate_limiter_timeout_ms,
                                   -1 if max_batches < 0 else max_batches)
         return items.prefetch(prefetch_size) if prefetch_size > 0 else items
+    if any(any_length):  # the padded time dimension: pad_to, or each batch's own
+        shapes = specs.optree.tree_unflatten(treedef, [
+            (pad_to,) + tuple(shape[1:]) if flag else shape
+            for shape, flag in zip(shape_leaves, any_length)])
     spec = ReplaySample(common.info_spec((batch_size,)),
                         common.data_spec(dtypes, shapes, (batch_size,)))
     timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
     if num_parallel_calls is None:
         batch_bytes = sum(leaf.shape.num_elements() * leaf.dtype.size
-                          for leaf in tf.nest.flatten(spec.data))
+                          for leaf in tf.nest.flatten(spec.data)
+                          if leaf.shape.is_fully_defined())  # (any length: a lower bound)
         client = common.connect(server_address)
         try:
             num_parallel_calls = _batches.default_parallelism(client, table, batch_bytes)
         finally:
             client.close()
+    if any(any_length):
+        spec = (spec, tf.nest.map_structure(
+            lambda _: tf.TensorSpec((batch_size,), tf.int64), spec.data))
     return _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches,
-                          num_parallel_calls, deterministic, prefetch_size)
+                          num_parallel_calls, deterministic, prefetch_size, pad_to,
+                          fixed_length)
+
+
+def _check_pad_to(table, pad_to, batch_size, any_length, sequence_length):
+    if sequence_length is not None:
+        raise ValueError("make_dataset: give pad_to (padded items of any length) or "
+                         "sequence_length (items of exactly that length), not both.")
+    if isinstance(pad_to, bool) or int(pad_to) != pad_to or pad_to < 1:
+        raise ValueError(f"make_dataset: pad_to must be None or an integer >= 1, got "
+                         f"{pad_to!r}.")
+    if not any_length:
+        raise ValueError(
+            f"make_dataset: pad_to is for tables of items of any length (a signature "
+            f"whose time dimension is None); table '{table}' has fixed shapes, so leave "
+            "pad_to out.")
+    if batch_size is None:
+        raise ValueError("make_dataset: pad_to pads batches; with batch_size=None each "
+                         "element is one item at its own length, so leave pad_to out.")
 
 
 def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches,
-                   num_parallel_calls, deterministic, prefetch_size):
+                   num_parallel_calls, deterministic, prefetch_size, pad_to=None,
+                   fixed_length=None):
     """``make_dataset`` 's batches: ``range`` mapped through ``tf.numpy_function``.
 
     Not ``from_generator``: it converts every leaf in Python and copied the arrays; a
@@ -90,17 +143,24 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     once, so that one call's copy (outside the GIL) overlaps another's Python work. On
     the benchmark machine this took 256 Atari frames from 3,470 to about 700 us a batch.
     ``max_batches`` bounds the ``range``, so no batch is sampled and thrown away.
+    ``spec`` is ``(ReplaySample spec, lengths spec)`` for items of any length.
     """
     flat_spec = tf.nest.flatten(spec)
     ends = timeout is not None  # only then can a call come back empty
     clients = common.ClientPool(server_address)
+    padded = not isinstance(spec, ReplaySample)  # (ReplaySample, lengths): any length
 
     def fetch(_):
         with clients.borrow() as client:
-            sample = _batches.full_batch(client, table, batch_size, timeout)
+            sample = _batches.full_batch(client, table, batch_size, timeout, pad_to=pad_to)
         if sample is None:
-            return [False] + [np.zeros(s.shape, s.dtype.as_numpy_dtype) for s in flat_spec]
+            return [False] + [np.zeros([d or 0 for d in s.shape.as_list()],
+                                       s.dtype.as_numpy_dtype) for s in flat_spec]
         leaves = tf.nest.flatten(sample)
+        if padded:
+            leaves += tf.nest.flatten(sample.lengths)
+        elif fixed_length is not None:
+            _check_fixed_length(table, sample, fixed_length)
         return [True] + leaves if ends else leaves
 
     def to_sample(index):
@@ -120,6 +180,18 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     if ends:
         dataset = dataset.take_while(_is_ok).map(_drop_ok)
     return common.no_lookahead(dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset)
+
+
+def _check_fixed_length(table, sample, fixed_length):
+    """Every item of ``sample`` (a ``PaddedSample``) has the ``sequence_length`` steps of
+    ``fixed_length = (sequence_length, flags of the columns of any length)``."""
+    length, flags = fixed_length
+    for lengths, flag in zip(tf.nest.flatten(sample.lengths), flags):
+        if flag and (lengths != length).any():
+            raise ValueError(
+                f"make_dataset: sequence_length={length}, but table '{table}' gave an item "
+                f"of {int(lengths[lengths != length][0])} steps (its items have any "
+                "length): leave sequence_length out for padded batches with their lengths.")
 
 
 def _is_ok(ok, _):
@@ -166,11 +238,14 @@ class ReplayBuffer:
 
     def as_dataset(self, sample_batch_size: Optional[int] = None, num_steps: Optional[int] = None,
                    num_parallel_calls: Optional[int] = None, sequence_preprocess_fn=None,
-                   single_deterministic_pass: bool = False):
+                   single_deterministic_pass: bool = False, pad_to: Optional[int] = None):
         """Samples as ``(data, info)`` pairs, batched by ``sample_batch_size`` if given.
 
         ``num_steps`` must be None or match the items' time dimension (items are stored
-        with a fixed length). ``single_deterministic_pass`` samples with one worker and
+        with a fixed length). Items of any length (a signature's ``None`` time
+        dimension) come one by one at their own length; batched, as
+        ``((data, info), lengths)``, padded to the batch's longest item or to ``pad_to``
+        (see ``make_dataset``). ``single_deterministic_pass`` samples with one worker and
         ends when no item arrives within a second; like tf_agents it raises ValueError
         unless the table's sampler and remover are both deterministic (Fifo, Lifo or a
         heap).
@@ -191,6 +266,23 @@ class ReplayBuffer:
                 raise ValueError(f"ReplayBuffer.as_dataset: num_steps={num_steps}, but the "
                                  f"table's items have time dimensions {sorted(map(str, lengths))}.")
         timeout = 1000 if single_deterministic_pass else -1
+        any_length = any(bool(shape) and shape[0] is None
+                         for shape in common.flatten_specs(dtypes, shapes)[2])
+        if any_length and sample_batch_size is not None:
+            # Padded batches with their lengths, one worker for a single pass (its order).
+            dataset = make_dataset(self._address, self._table, sample_batch_size,
+                                   num_parallel_calls=1 if single_deterministic_pass
+                                   else num_parallel_calls,
+                                   rate_limiter_timeout_ms=timeout, pad_to=pad_to)
+            return dataset.map(lambda sample, lengths: (
+                (sample.data if sequence_preprocess_fn is None
+                 else sequence_preprocess_fn(sample.data), sample.info), lengths))
+        if pad_to is not None:
+            raise ValueError(
+                f"ReplayBuffer.as_dataset: pad_to pads batches of items of any length; table "
+                f"'{self._table}' " + ("has fixed shapes" if not any_length else
+                                       "gives one item per element without "
+                                       "sample_batch_size") + ", so leave pad_to out.")
         if sample_batch_size is not None and not single_deterministic_pass:
             dataset = make_dataset(self._address, self._table, sample_batch_size,
                                    num_parallel_calls=num_parallel_calls,

@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from shmreplay import errors, specs
+from shmreplay import _batches, errors, specs
 from shmreplay._engine import outputs as _outputs
 from shmreplay.client import Client
 from shmreplay.replay_sample import INFO_DTYPES, SampleInfo
@@ -183,10 +183,36 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
             # Reverb does, so the dataset is the same whenever it is made.
             shapes = [shape if column.squeeze else shape[1:]
                       for shape, column in zip(shapes, engine.storage.columns)]
+        elif timesteps and any(_batches.any_length_columns(engine)):
+            # A time dimension of any length is no timestep's: one timestep is without it.
+            shapes = [shape[1:] if flag else shape
+                      for shape, flag in zip(shapes, _batches.any_length_columns(engine))]
         dtypes = specs.optree.tree_unflatten(treedef, [s.dtype for s in column_specs])
         return dtypes, specs.optree.tree_unflatten(treedef, shapes)
     finally:
         client.close()
+
+
+def any_length_columns(server_address, table: str, data_spec) -> list:
+    """Per column, whether ``table`` takes items of any length there (a signature's
+    ``None`` time dimension); [] when no leaf of ``data_spec`` has an unknown first
+    dimension (no need to ask: such a table's columns need one), or the buffer or the
+    table is not there yet (the dataset's first chunk then says so if it matters)."""
+    if not any(spec.shape.rank and spec.shape[0] is None
+               for spec in tf.nest.flatten(data_spec)):
+        return []
+    try:
+        client = connect(server_address)
+    except errors.BufferNotFoundError:
+        return []
+    try:
+        engine = client._buffer.by_name.get(table)
+        flags = [] if engine is None else _batches.any_length_columns(engine)
+    finally:
+        client.close()
+    # Cut only where the spec leaves the time dimension open (a fixed one is checked).
+    return [flag and bool(spec.shape.rank) and spec.shape[0] is None
+            for flag, spec in zip(flags, tf.nest.flatten(data_spec))]
 
 
 def shared_tensor(leaf):

@@ -8,6 +8,12 @@ whichever the spec has (Reverb keeps it; shmreplay's own code often leaves it ou
 sequence is read as it is. ``TimestepDataset`` cuts sequence columns into their
 timesteps and reads a whole item as one timestep. Anything else is an error naming the
 column, the spec's shape and the item's.
+
+A column of any length (a signature's ``None`` time dimension) is a sequence stored as
+``(None, *cell)``: a chunk of them comes padded with each item's length
+(``PaddedSample``). ``TimestepDataset`` keeps each item's own steps (one boolean mask
+for the chunk); ``TrajectoryDataset`` gets the padded columns and the lengths, which
+its pipeline uses to cut each item to its length (``shmreplay._tf_items``).
 """
 
 import numpy as np
@@ -17,6 +23,8 @@ from shmreplay import specs
 from shmreplay._schema import item_forms as forms
 
 _KEEP, _ADD_TIME, _DROP_TIME = range(3)
+_ANY_LENGTH = -1  # (a plan's timestep length) items of any length: each has its own
+_SPEC_LENGTH = 3  # a column of any length read at the spec's fixed time dimension
 
 
 class ItemViews:
@@ -26,10 +34,13 @@ class ItemViews:
       table: For error messages.
       flat_spec: The dataset's ``tf.TensorSpec`` leaves (one item or one timestep each).
       timesteps: Cut items into timesteps (``TimestepDataset``).
+      any_length: Per column, whether the dataset was made for a column of any length
+        (its chunks then end with the lengths of those columns); () for none.
     """
 
-    def __init__(self, table: str, flat_spec, timesteps: bool):
+    def __init__(self, table: str, flat_spec, timesteps: bool, any_length=()):
         self._table = table
+        self._expected_any = list(any_length)
         self._dtypes = [np.dtype(spec.dtype.as_numpy_dtype) for spec in flat_spec]
         self._shapes = [tf.TensorShape(spec.shape) for spec in flat_spec]
         self._timesteps = timesteps
@@ -49,18 +60,67 @@ class ItemViews:
         if plan is None:
             plan = self._plans[key] = self._plan(engine, kinds, leaves)
         for leaf, (_, stored) in zip(leaves, plan[1]):
-            if leaf.shape[1:] != stored:  # (a reset forgot the layout the plan is for)
-                del self._plans[key]
+            if leaf.shape[1:] != stored and not _pads(leaf.shape[1:], stored):
+                del self._plans[key]  # (a reset forgot the layout the plan is for)
                 raise ValueError(f"Table '{self._table}': its items changed shape while "
                                  "the dataset read them (a reset forgot the layout); make "
                                  "the dataset again.")
         info = list(sample.info)
+        lengths = getattr(sample, "lengths", None)
+        if lengths is not None:
+            return self._any_length(info, leaves, specs.flatten(lengths)[0], plan)
+        if self._expected_any:
+            self._changed()
         if plan[0] is not None:  # timesteps: cut [k, T, ...] into k * T steps
             leaves = [leaf.reshape((-1,) + leaf.shape[2:]) for leaf in leaves]
             info = [np.repeat(field, plan[0]) for field in info]
         out = [leaf if action == _KEEP else leaf[:, None] if action == _ADD_TIME else leaf[:, 0]
                for leaf, (action, _) in zip(leaves, plan[1])]
         return info, out
+
+    def _any_length(self, info, leaves, lengths, plan):
+        """A padded chunk of items of any length: its timesteps (each item's own, in one
+        boolean mask), or its columns and, at the end, the lengths of those of any
+        length (``TrajectoryDataset`` cuts each item to them)."""
+        if plan[0] == _ANY_LENGTH:
+            first = lengths[0]
+            if any((other != first).any() for other in lengths[1:]):
+                raise ValueError(
+                    f"Table '{self._table}': can't split non timestep trajectory into "
+                    "timesteps: a sampled item's columns have different lengths; read the "
+                    "items with TrajectoryDataset.")
+            steps = [leaf[np.arange(leaf.shape[1]) < first[:, None]] for leaf in leaves]
+            return [np.repeat(field, first) for field in info], steps
+        flags = [action == _KEEP and stored[:1] == (None,) for action, stored in plan[1]]
+        if flags != (self._expected_any or [False] * len(flags)):
+            self._changed()
+        for index, (n, (action, stored)) in enumerate(zip(lengths, plan[1])):
+            if stored[:1] == (None,) and action != _KEEP:  # the spec fixes the length
+                want = 1 if action == _DROP_TIME else self._shapes[index][0]
+                if (n != want).any():
+                    self._wrong_length(index, action, n[n != want][0])
+        out = [leaf if action in (_KEEP, _SPEC_LENGTH) else leaf[:, None]
+               if action == _ADD_TIME else leaf[:, 0]
+               for leaf, (action, _) in zip(leaves, plan[1])]
+        return info, out + [n for n, flag in zip(lengths, flags) if flag]
+
+    def _wrong_length(self, index, action, length):
+        # Reverb's words (see ``_refuse``): the item's shape against the spec's.
+        spec, dtype = self._shapes[index], specs.tf_dtype_name(self._dtypes[index])
+        cell = spec.as_list()[1:] if action == _SPEC_LENGTH else spec.as_list()
+        raise ValueError(
+            f"Table '{self._table}': requested incompatible tensor at flattened index "
+            f"{index} (column {self._paths[index]}). Specification has (dtype, shape): "
+            f"({dtype}, {_shape_str(spec)}).  Tensor has (dtype, shape): ({dtype}, "
+            f"{_shape_str([int(length)] + cell)}). The items are sequences of any length "
+            f"(this one of {int(length)} steps): give the spec a None time dimension to read "
+            "them all.")
+
+    def _changed(self):
+        raise ValueError(
+            f"Table '{self._table}': its columns of any length (a None time dimension) are "
+            "not those the dataset was made for (the buffer did not exist yet, or a reset "
+            "changed the table); make the dataset again.")
 
     def _plan(self, engine, kinds, leaves):
         """``(timestep length or None, [(action, stored shape)] per column)``."""
@@ -69,6 +129,7 @@ class ItemViews:
                 f"Table '{self._table}': the dataset expects {len(self._shapes)} tensors per "
                 f"item, the table's items have {len(leaves)}.")
         paths = engine.paths if engine.has_columns() else [str(i) for i in range(len(kinds))]
+        self._paths = paths  # (for errors found when items come)
         length = self._timestep_length(kinds) if self._timesteps else None
         actions = []
         for index, (kind, stored) in enumerate(kinds):
@@ -78,13 +139,18 @@ class ItemViews:
             elif kind == forms.WHOLE or kind == forms.SQUEEZED:
                 views = {_KEEP: stored} if self._timesteps else {
                     _KEEP: stored, _ADD_TIME: (1,) + stored}
-            elif kind == forms.ONE_STEP:
+            elif kind == forms.ONE_STEP or stored[:1] == (None,):
                 views = {_KEEP: stored, _DROP_TIME: stored[1:]}
             else:
                 views = {_KEEP: stored}
             spec_shape = self._shapes[index]
             action = next((a for a, shape in views.items()
                            if spec_shape.is_compatible_with(shape)), None)
+            if (length is None and stored[:1] == (None,) and action == _KEEP
+                    and spec_shape[0] is not None):
+                # Items of any length read at the spec's length, as Reverb checks each
+                # item against the spec (one of another length is refused when it comes).
+                action = _SPEC_LENGTH
             if action is None or dtype != self._dtypes[index]:
                 self._refuse(index, paths[index], dtype, kind, stored, length, views)
             actions.append((action, stored))
@@ -95,6 +161,9 @@ class ItemViews:
         (each is one timestep)."""
         if all(kind == forms.WHOLE for kind, _ in kinds):
             return None
+        if (all(kind in (forms.ONE_STEP, forms.SEQUENCE) for kind, _ in kinds)
+                and any(stored[0] is None for _, stored in kinds)):
+            return _ANY_LENGTH  # each item's columns are checked when it comes
         lengths = {stored[0] if kind in (forms.ONE_STEP, forms.SEQUENCE) else None
                    for kind, stored in kinds}
         if len(lengths) != 1 or None in lengths:
@@ -119,9 +188,14 @@ class ItemViews:
             message += (" The column is one step: the spec may have it with or without "
                         "its time dimension of 1 (" +
                         " or ".join(_shape_str(s) for s in views.values()) + ").")
+        elif kind == forms.SEQUENCE and stored[0] is None and not self._timesteps:
+            message += (" The items have any length: give the spec a None time dimension "
+                        f"({_shape_str(stored)}).")
         elif kind == forms.SEQUENCE and not self._timesteps:
             message += (f" The items are sequences of {stored[0]} steps: give the spec "
                         "their time dimension, or read timesteps with TimestepDataset.")
+        elif length == _ANY_LENGTH:
+            message += " (one timestep of items of any length)."
         elif length is not None:
             message += f" (one timestep of items of {length} steps)."
         elif self._timesteps:
@@ -132,3 +206,8 @@ class ItemViews:
 def _shape_str(shape) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in tf.TensorShape(shape)) + "]"
 
+
+
+def _pads(shape, stored) -> bool:
+    """Whether a padded column of ``shape`` fits a column of any length ``stored``."""
+    return stored[:1] == (None,) and len(shape) == len(stored) and shape[1:] == stored[1:]

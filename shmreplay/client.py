@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from shmreplay import errors
+from shmreplay import _batches, errors
 from shmreplay._client import (address as _address, calls as _client_calls,
                                connect as _connect, inserting as _inserting)
 from shmreplay._schema import inputs as _inputs, item_forms as _item_forms
@@ -279,8 +279,8 @@ class Client:
 
     # --- sampling -------------------------------------------------------------------------
 
-    def sample_batch(self, table: str, batch_size: int, timeout: Optional[float] = None
-                     ) -> ReplaySample:
+    def sample_batch(self, table: str, batch_size: int, timeout: Optional[float] = None, *,
+                     pad_to: Optional[int] = None) -> ReplaySample:
         """Samples a batch: the learner's fast path.
 
         Takes items as the rate limiter allows them, waiting for more credit until the
@@ -296,11 +296,16 @@ class Client:
           replay, ``info.importance_weights(beta)`` gives the IS weights. The arrays
           stay valid while anything refers to any part of them (views included); a
           batch nobody refers to any more has its memory reused by a later call.
+          Items of any length come as a ``PaddedSample`` (padded to the batch's longest
+          item, or to ``pad_to`` steps if given; ``docs/learners.md``).
 
         Raises:
           TableNotFoundError: unknown table.
           DeadlineExceededError: nothing could be sampled within ``timeout``.
+          ValueError: ``pad_to`` on a table of fixed shapes, or an item longer than it.
         """
+        if pad_to is not None:  # (the usual call pays only this test)
+            return _batches.padded_batch(self, table, batch_size, timeout, pad_to)
         if type(batch_size) is not int or batch_size < 1:
             if int(batch_size) != batch_size or batch_size < 1:
                 raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")

@@ -23,7 +23,7 @@ import numpy as np
 
 from shmreplay import _batches
 from shmreplay.client import Client
-from shmreplay.replay_sample import SampleInfo
+from shmreplay.replay_sample import PaddedSample, SampleInfo
 
 _END = object()
 
@@ -37,6 +37,20 @@ class JaxBatch(NamedTuple):
     info: SampleInfo
     data: Any
     weights: Optional[Any]
+
+
+class PaddedJaxBatch(NamedTuple):
+    """One batch of items of any length (a signature's ``None`` time dimension): as
+    ``JaxBatch``, each column of any length zero-padded to the batch's longest item (or
+    to the iterator's ``pad_to``), and ``lengths``, a nest like ``data`` of int64 (int32
+    unless JAX's x64 is on) ``[B]`` arrays on the device: each item's length in that
+    column (1 for a column without a time dimension). A mask is
+    ``jnp.arange(T) < lengths[..., None]``."""
+
+    info: SampleInfo
+    data: Any
+    weights: Optional[Any]
+    lengths: Any
 
 
 class BatchIterator:
@@ -61,6 +75,12 @@ class BatchIterator:
         GIL) overlap the other's Python work and ``device_put``: faster for large
         batches from tables whose order does not matter (uniform, prioritized). None
         (the default) picks 2 for such tables when a batch is 1 MiB or more, else 1.
+      pad_to: Items of any length only: pad their columns to this many steps, so that
+        a jit-compiled step sees one shape (without it, each batch is as long as its
+        longest item, and a new length compiles anew). An item longer raises
+        ``ValueError`` from ``next``.
+
+    Items of any length come as ``PaddedJaxBatch`` es (``docs/learners.md``).
 
     Raises (from ``next``):
       TableNotFoundError, BufferBrokenError: as ``Client.sample_batch``.
@@ -68,7 +88,8 @@ class BatchIterator:
 
     def __init__(self, client, table: str, batch_size: int, *, device=None, prefetch: int = 2,
                  importance_beta: Optional[float] = None, rate_limiter_timeout_ms: int = -1,
-                 max_batches: Optional[int] = None, num_workers: Optional[int] = None):
+                 max_batches: Optional[int] = None, num_workers: Optional[int] = None,
+                 pad_to: Optional[int] = None):
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
         if int(prefetch) != prefetch or prefetch < 1:
@@ -79,7 +100,8 @@ class BatchIterator:
             raise ValueError(f"num_workers must be None or an integer >= 1, got {num_workers!r}.")
         self._client = client if isinstance(client, Client) else Client(client)
         self._owns_client = not isinstance(client, Client)
-        self._client._engine(table)  # unknown table: fail now, not in the thread
+        engine = self._client._engine(table)  # unknown table: fail now, not in the thread
+        self._pad_to = None if pad_to is None else _batches.check_pad_to(engine, pad_to)
         self.table = table
         self.batch_size = int(batch_size)
         self.device = device if device is not None else jax.devices()[0]
@@ -132,7 +154,7 @@ class BatchIterator:
         try:
             while self._take_credit() and self._claim():
                 sample = _batches.full_batch(client, self.table, self.batch_size,
-                                             self._timeout, self._stop)
+                                             self._timeout, self._stop, self._pad_to)
                 if sample is None:
                     break
                 if self._auto_workers:
@@ -155,6 +177,11 @@ class BatchIterator:
 
     def _to_device(self, sample) -> JaxBatch:
         # One device_put for the whole batch: each call costs tens of microseconds.
+        if isinstance(sample, PaddedSample):
+            weights = None if self._beta is None else sample.info.importance_weights(self._beta)
+            data, weights, lengths = jax.device_put((sample.data, weights, sample.lengths),
+                                                    self.device)
+            return PaddedJaxBatch(sample.info, data, weights, lengths)
         if self._beta is None:
             return JaxBatch(sample.info, jax.device_put(sample.data, self.device), None)
         weights = sample.info.importance_weights(self._beta)
@@ -166,7 +193,7 @@ class BatchIterator:
     def __iter__(self):
         return self
 
-    def __next__(self) -> JaxBatch:
+    def __next__(self):  # -> JaxBatch, or PaddedJaxBatch for items of any length
         while not self._done:
             try:
                 item = self._queue.get(timeout=_batches.SLICE)

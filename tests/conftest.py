@@ -56,7 +56,7 @@ def compiled_kernels():
 # JAX and TensorFlow start threads once used; a process with such threads must not
 # fork (the fork tests of test_lifecycle do), so the tests that use them run last.
 _LAST = ("test_jax.py", "test_reverb_clients.py", "test_tf_datasets.py",
-         "test_pattern_dataset.py")
+         "test_pattern_dataset.py", "test_tf_any_length.py", "test_jax_any_length.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -161,7 +161,7 @@ def infer_signature(configs: Sequence[Config], step_spec):
     Returns:
       A nest of ``tf.TensorSpec`` if this process has imported TensorFlow, else of
       ``shmreplay.TensorSpec``. A leaf whose length differs between configs gets the
-      length None, which ``shmreplay.TensorSpec`` cannot express (SchemaError).
+      length None (a table with that signature takes items of any length there).
 
     Raises:
       ValueError: no configs, configs of different structures or tables, or leaves of
@@ -205,7 +205,7 @@ def infer_signature(configs: Sequence[Config], step_spec):
         else:
             out.append(specs.TensorSpec(
                 specs.to_shape(shape, f"infer_signature, table '{configs[0].table}', leaf "
-                                      f"{path} (items of different lengths)"),
+                                      f"{path}", time_may_vary=True),
                 dtypes[0], name))
     return optree.tree_unflatten(treedef, out)
 

@@ -390,17 +390,18 @@ def test_no_configs_negative_priority_and_unknown_table():
         assert content(client, TABLES[1]) == []  # no item of that step was inserted
 
 
-def test_configs_of_different_lengths_or_structures_for_one_table_are_refused():
+def test_configs_of_different_structures_or_column_forms_for_one_table_are_refused():
     ref = sw.create_reference_step(None)
     with serve() as client:
-        with pytest.raises(errors.SchemaError, match=r"different lengths .*'queue_0'.*"
-                                                     "variable-length items are not supported"):
+        with pytest.raises(errors.SchemaError, match=r"time dimension in one .*'queue_0'"):
             client.structured_writer([sw.create_config(ref[-3:], TABLES[0]),
-                                      sw.create_config(ref[-2:], TABLES[0])])
+                                      sw.create_config(ref[-1], TABLES[0])])
         with pytest.raises(errors.SchemaError, match="different structures"):
             client.structured_writer([sw.create_config({"x": ref[-1]}, TABLES[0]),
                                       sw.create_config({"y": ref[-1]}, TABLES[0])])
-        # The same lengths into one table, or different ones into two tables, are fine.
+        # Any lengths into one table (items of any length), or into two tables, are fine.
+        client.structured_writer([sw.create_config(ref[-3:], TABLES[0]),
+                                  sw.create_config(ref[-2:], TABLES[0])])
         client.structured_writer([sw.create_config(ref[-3:], TABLES[0]),
                                   sw.create_config(ref[-4:-1], TABLES[0]),
                                   sw.create_config(ref[-2:], TABLES[1])])
@@ -496,3 +497,24 @@ def test_spawned_writer_attaching_by_name_feeds_a_learner(buffer_name):
             np.testing.assert_array_equal(pairs["next_obs"][:, 0], pairs["obs"][:, 0])
         finally:
             client.close()
+
+
+def test_configs_of_different_lengths_write_items_of_any_length_into_one_table():
+    """Acme's TRUNCATE sequence configs: a config per length, one table."""
+    ref = sw.create_reference_step({"x": None})
+    configs = [sw.create_config({"x": ref["x"][-n:]}, "q",
+                                conditions=[sw.Condition.step_index() == n - 1])
+               for n in (1, 2, 3)]
+    table = shmreplay.Table.queue("q", 10, signature=sw.infer_signature(
+        configs, {"x": shmreplay.TensorSpec((), np.int64)}))
+    assert table.signature["x"].shape == (None,)
+    with shmreplay.Server([table], name=_names.unique()) as server:
+        client = shmreplay.Client(server.name)
+        with client.structured_writer(configs) as writer:
+            for t in range(3):
+                writer.append({"x": np.int64(t)})
+            writer.flush()
+        got = [s.data[0].tolist() for s in client.sample("q", 3, emit_timesteps=False,
+                                                             timeout=5)]
+        assert got == [[0], [0, 1], [0, 1, 2]]
+        client.close()

@@ -206,24 +206,24 @@ class StructuredWriter:
 
 
 def _check_one_shape_per_table(configs):
-    """Each table holds items of one structure and one length per column, so configs
+    """Each table holds items of one structure, and each column either has a time
+    dimension in every item (of any length: ``docs/writers.md``) or in none, so configs
     that would send it others are refused now, not at their first item."""
     seen = {}
     for position, config in enumerate(configs):
         pattern = _pattern_config.unpack(config)
         shape = (optree.tree_structure(pattern, none_is_leaf=True),
-                 [_pattern_config.node_length(node) for node in config.flat])
+                 [_pattern_config.node_length(node) is None for node in config.flat])
         first = seen.setdefault(config.table, (position, shape))
         if first[1] == shape:
             continue
         if first[1][0] != shape[0]:
             what = "of different structures"
         else:
-            what = ("of different lengths (steps per leaf, None: one step without time "
-                    f"dimension: {first[1][1]} and {shape[1]})")
+            what = ("whose columns have a time dimension in one and none in the other "
+                    f"(True: one step without it: {first[1][1]} and {shape[1]})")
         raise errors.SchemaError(
             f"configs[{first[0]}] and configs[{position}] send items {what} to table "
-            f"'{config.table}'. A table holds items of one shape here (variable-length "
-            "items are not supported yet); send each shape to a table of its own, or pad "
-            "(Acme: EndBehavior.WRITE instead of TRUNCATE).")
+            f"'{config.table}'. A table holds items of one structure and column form; "
+            "send each to a table of its own.")
 

@@ -19,7 +19,7 @@ column        stored as        Reverb's usual view flipped view
 whole item    ``S``            ``[1, *S]``         ``S``
 squeezed      one step ``c``   ``c``               ``[1, *c]``
 one step      ``[1, *c]``      ``[1, *c]``         ``c``
-sequence      ``[T, *c]``      ``[T, *c]``         (none)
+sequence      ``[T, *c]``      ``[T, *c]``         (none; of any length: ``c``)
 ============  ===============  ==================  ===================
 
 A form is a bit mask of flipped columns (the first 62 columns can be flipped). It is
@@ -62,8 +62,8 @@ def flipped_view(kind, shape):
         return shape
     if kind == SQUEEZED:
         return (1,) + shape
-    if kind == ONE_STEP:
-        return shape[1:]
+    if kind == ONE_STEP or (kind == SEQUENCE and shape and shape[0] is None):
+        return shape[1:]  # (a column of any length: one step without its time dimension)
     return None
 
 
@@ -138,15 +138,16 @@ def reverb_columns(engine, batch) -> list:
             out.append(leaf if flipped else leaf[None])
         elif kind == SQUEEZED:
             out.append(leaf[None] if flipped else leaf)
-        elif kind == ONE_STEP:
+        elif kind == ONE_STEP or (flipped and kind == SEQUENCE):
             out.append(leaf[0, ...] if flipped else leaf)
         else:
             out.append(leaf)
     lengths = getattr(batch, "lengths", None)
     if lengths is not None:  # items of any length: each such column at its own length
-        out = [column[:int(length[0])] if kind == SEQUENCE and stored[0] is None else column
-               for column, length, (kind, stored)
-               in zip(out, specs.flatten(lengths)[0], column_kinds(engine))]
+        out = [column[:int(length[0])]
+               if kind == SEQUENCE and stored[0] is None and not form >> index & 1 else column
+               for index, (column, length, (kind, stored))
+               in enumerate(zip(out, specs.flatten(lengths)[0], column_kinds(engine)))]
     return out
 
 

@@ -55,7 +55,15 @@ def _referenced_rows(engine):
     state = engine.meta[:, L.M_STATE]
     held = np.flatnonzero((state == codes.READY) | (state == codes.WRITING)
                           | (state == codes.DRAINING))
-    return int(np.unique(engine.refs[held]).size)
+    if not engine.storage.variable:
+        return int(np.unique(engine.refs[held]).size)
+    # Items of any length (a table without a signature): their references, flattened.
+    from shmreplay._shm.kernels import refpool
+    columns = len(engine.storage.columns)
+    lengths = np.empty((len(held), columns), np.int32)
+    flat = np.empty(int(engine.refs[held, refpool.HEAD_TOTAL].sum()), np.int32)
+    refpool.flatten(engine.refs, engine.capacity, columns, held.astype(np.int64), lengths, flat)
+    return int(np.unique(flat).size)
 
 
 def _check_sample(client, table, length, batch=16, timeout=5):

@@ -6,7 +6,9 @@ Two tables, filled by a ``TrajectoryWriter`` with the same steps (``obs`` float3
 
 * *fixed*:  signature ``[20, ...]``; every item is the last 20 steps;
 * *any*:    signature ``[None, ...]``; item lengths cycle through 1 .. 39 (mean 20), so
-            a batch of 256 is padded to about 39 steps.
+            a batch of 256 is padded to about 39 steps;
+* *any, all 20*: signature ``[None, ...]``, every item 20 steps (the first item's
+            length: the references sit in the slot heads, no padding).
 
 Each table holds ``--items`` items (default 10,000). The figure is the time of one
 ``sample_batch(256)`` (median of ``--repeats`` rounds of ``--calls`` calls), and the
@@ -66,14 +68,15 @@ def main():
     shmreplay.warm_up()
     tables = [shmreplay.Table(name, selectors.Uniform(), selectors.Fifo(), args.items,
                               rate_limiters.MinSize(1), signature=_signature(length))
-              for name, length in (("fixed", 20), ("any", None))]
+              for name, length in (("fixed", 20), ("any", None), ("any_20", None))]
     name = f"bench-any-length-{os.getpid()}"
     result = {}
     with shmreplay.Server(tables, name=name) as server:
         client = server.localhost_client()
         _fill(client, "fixed", args.items, [20])
         _fill(client, "any", args.items, list(range(1, 40)))
-        for table in ("fixed", "any"):
+        _fill(client, "any_20", args.items, [20])
+        for table in ("fixed", "any", "any_20"):
             seconds = _time(client, table, args.calls, args.repeats)
             batch = client.sample_batch(table, 256)
             lengths = getattr(batch, "lengths", None)
@@ -88,7 +91,9 @@ def main():
               "commit": commit, "machine": f"{platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} cores", "load": os.getloadavg()[0], "args": vars(args),
               "sample_batch_256": result,
-              "ratio_any_to_fixed": result["any"]["us_per_call"] / result["fixed"]["us_per_call"]}
+              "ratio_any_to_fixed": result["any"]["us_per_call"] / result["fixed"]["us_per_call"],
+              "ratio_any_20_to_fixed": (result["any_20"]["us_per_call"]
+                                        / result["fixed"]["us_per_call"])}
     print(json.dumps(report, indent=2))
     out = os.path.join(os.path.dirname(__file__), "results",
                        f"any-length-{datetime.date.today().isoformat()}.json")

@@ -130,9 +130,10 @@ class Sampling:
                 drained += more
             slots = out_i[kernels.OUT_SLOT, :count]
             data = gather(slots)
-            # Slots or rows reused: check ours. (A pooled item's chain is torn by its
-            # removal alone, which need not reserve anything: always checked.)
-            if self.ctrl.item(L.C_RESERVES) != reserves or self.storage.variable:
+            # Slots or rows reused: check ours. (A chain of pool blocks is torn by its
+            # item's removal alone, which need not reserve anything: always checked.
+            # References in slot heads stay until the slot is reserved again.)
+            if self.ctrl.item(L.C_RESERVES) != reserves or getattr(data, "chained", False):
                 torn = np.empty(count, np.int64)
                 torn_count = kernels.torn_rows(self.meta, self.refs, self.rows, slots,
                                                out_i[kernels.OUT_VERSION, :count],

@@ -17,9 +17,11 @@ from shmreplay._shm.kernels import refpool
 
 
 class Gathered(list):
-    """The columns of a gathered batch (padded), with ``lengths`` ``[n, columns]``."""
+    """The columns of a gathered batch (padded), with ``lengths`` ``[n, columns]``;
+    ``chained``: read through pool blocks (which a removal changes at once)."""
 
     lengths = None
+    chained = False
 
 
 class AnyLength(StepRefs):
@@ -38,13 +40,13 @@ class AnyLength(StepRefs):
         columns = self._columns
         count = len(slots)
         lengths = np.empty((count, columns), np.int64)
-        refpool.lengths(engine.refs, engine.capacity, columns, slots, lengths)
-        widths = lengths.max(axis=0) if count else np.zeros(columns, np.int64)
+        widths = np.empty(columns, np.int64)
+        same = refpool.lengths(engine.refs, engine.capacity, columns, slots, lengths, widths)
         widths[self._squeezed] = 1
         starts = np.zeros(columns, np.int64)
         np.cumsum(widths[:-1], out=starts[1:])
         total = int(widths.sum())
-        if count and total <= self._inline and (lengths == widths).all():
+        if count and same and total <= self._inline:
             # Every item has the same lengths and fits its head (a batch like the first
             # item): the references are one slice of the heads, and need no padding.
             return self._gather_uniform(slots, lengths, starts, widths, total)
@@ -52,6 +54,7 @@ class AnyLength(StepRefs):
         refpool.gather_rows(engine.refs, engine.capacity, engine.rows.shape[0] - 1, columns,
                             slots, starts, widths, rows)
         data = Gathered()
+        data.chained = True
         for c, column in enumerate(engine.storage.columns):
             store = engine.columns[column.store]
             width = int(widths[c])

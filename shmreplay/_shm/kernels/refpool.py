@@ -248,12 +248,20 @@ def check_free_blocks(ctrl, meta, refs, used):
 
 
 @kernel
-def lengths(refs, capacity, columns, slots, out):
-    """Each sampled item's column lengths (``out [n, columns]``), read without the lock:
-    clamped to ``0 ..`` (a torn read is redrawn by the caller)."""
+def lengths(refs, capacity, columns, slots, out, widths):
+    """Each sampled item's column lengths (``out [n, columns]``) and each column's
+    longest (``widths``), read without the lock: clamped to ``0 ..`` (a torn read is
+    redrawn by the caller). Returns whether every item has the same lengths."""
+    same = True
+    for c in range(columns):
+        widths[c] = 0
     for i in range(slots.shape[0]):
         for c in range(columns):
-            out[i, c] = max(refs[slots[i], HEAD_LENGTHS + c], 0)
+            length = max(refs[slots[i], HEAD_LENGTHS + c], 0)
+            out[i, c] = length
+            widths[c] = max(widths[c], length)
+            same = same and length == out[0, c]
+    return same
 
 
 @kernel

@@ -13,14 +13,15 @@ import numpy as np
 
 from shmreplay import _batches, errors
 from shmreplay._client import (address as _address, calls as _client_calls,
-                               connect as _connect, inserting as _inserting)
-from shmreplay._schema import inputs as _inputs, item_forms as _item_forms
+                               connect as _connect, inserting as _inserting,
+                               samples as _samples)
+from shmreplay._schema import inputs as _inputs
 from shmreplay._client.calls import (after_layout_reset as _after_layout_reset,
                                      closed_aware as _closed_aware,
                                      retried_after_layout_reset as _retried_after_layout_reset)
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._engine.table_engine import TableEngine
-from shmreplay.replay_sample import ReplaySample, SampleInfo
+from shmreplay.replay_sample import ReplaySample
 
 _UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
 
@@ -353,23 +354,8 @@ class Client:
             except Exception as exc:
                 self._raise_if_closed(exc)
                 raise
-            info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
-            if arena_rows:  # an item of another shape: its own leaves, as Reverb's view
-                columns = [leaf[None] for leaf in arena_rows[0][1]]
-            else:
-                columns = _item_forms.reverb_columns(engine, batch)
-            # As in Reverb: unpacked only for a table with a signature, else flat.
-            unpack = unpack_as_table_signature and engine.config.signature is not None
-            unflatten = _item_forms.unflattener(engine) if unpack else list
-            if not emit_timesteps:
-                yield ReplaySample(info, unflatten(columns))
-                continue
-            # Reverb splits every column along its first dimension (a squeezed column
-            # included) and refuses columns of different lengths.
-            if len({len(column) for column in columns}) != 1:
-                raise ValueError("Can't split non timestep trajectory into timesteps.")
-            yield [ReplaySample(info, unflatten([column[t, ...] for column in columns]))
-                   for t in range(len(columns[0]))]
+            yield _samples.as_reverb(engine, batch, arena_rows, emit_timesteps,
+                                     unpack_as_table_signature)
 
     # --- priorities and lifecycle ---------------------------------------------------------
 

@@ -8,6 +8,7 @@ whole items take one native call (``kernels.sample_gather``); the rest go the ge
 way, which may wait for the rate limiter.
 """
 
+import os
 import time
 
 import numpy as np
@@ -19,6 +20,35 @@ from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._shm.procs import STAMP as _STAMP
 from shmreplay.replay_sample import PaddedSample, ReplaySample, SampleInfo
+
+
+_seeded_pid = None
+
+
+def seed_once():
+    """Seeds this process's sampling RNG the first time it maps a table."""
+    if _seeded_pid != os.getpid():
+        _seed_rng()
+
+
+def _seed_rng():
+    """numba keeps its own RNG per process: seed it from the OS once per process.
+
+    Called when a process first maps a table (not at import: importing compiles
+    nothing), and again in forked children, which would otherwise replay the parent's
+    draws.
+    """
+    global _seeded_pid
+    kernels.seed(int.from_bytes(os.urandom(4), "little"))
+    _seeded_pid = os.getpid()
+
+
+def _reseed_if_seeded():
+    if _seeded_pid is not None:
+        _seed_rng()
+
+
+os.register_at_fork(after_in_child=_reseed_if_seeded)
 
 
 class Sampling:

@@ -10,7 +10,6 @@ copy rows without the lock, re-check slot versions.
 import dataclasses
 import functools
 import math
-import os
 import sys
 import time
 import warnings
@@ -31,36 +30,15 @@ from shmreplay._shm.kernels import table as kernels
 from shmreplay._engine import table_info as _table_info
 from shmreplay._schema.fast_leaves import UNSET, FastLeaves, fast_scalar_bounds, flat_access
 from shmreplay._engine.inserts import Inserting
-from shmreplay._engine.sampling import Sampling
+from shmreplay._engine.sampling import Sampling, seed_once
 from shmreplay._engine.waits import Waiting
 from shmreplay.replay_sample import TableInfo
 
-_seeded_pid = None
 _NO_KEYS = np.empty(0, np.int64)
 _WEIGH_UNLOCKED_FROM = 32  # keys per update (below: weights computed under the lock)
 # How long ``stop()`` waits for each table's lock before it marks the table closed
 # without it (its holder is stopped, or stuck).
 CLOSE_LOCK_TIMEOUT = 1.0
-
-
-def _seed_rng():
-    """numba keeps its own RNG per process: seed it from the OS once per process.
-
-    Called when a process first maps a table (not at import: importing compiles
-    nothing), and again in forked children, which would otherwise replay the parent's
-    draws.
-    """
-    global _seeded_pid
-    kernels.seed(int.from_bytes(os.urandom(4), "little"))
-    _seeded_pid = os.getpid()
-
-
-def _reseed_if_seeded():
-    if _seeded_pid is not None:
-        _seed_rng()
-
-
-os.register_at_fork(after_in_child=_reseed_if_seeded)
 
 
 class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
@@ -114,8 +92,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.paths = None
         self.signature = None
         self._flat_keys = UNSET
-        if _seeded_pid != os.getpid():
-            _seed_rng()
+        seed_once()  # (this process's sampling RNG)
 
     # --- creation (owner only) --------------------------------------------------------
 

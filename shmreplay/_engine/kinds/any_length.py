@@ -115,22 +115,11 @@ class AnyLength(StepRefs):
             lengths.append(1 if column.squeeze else int(array.shape[array.ndim - len(cell) - 1]))
         return lengths
 
-    def write_items(self, slots, rows, arrays, batched: bool):
-        engine = self.engine
+    def _column_steps(self, arrays):
         ref_steps, _ = self._split_for(arrays)
+        ends = np.cumsum(ref_steps[:self._columns])
         steps = ref_steps[self._columns:]
-        start = 0
-        for column, array, length in zip(engine.storage.columns, arrays,
-                                         ref_steps[:self._columns]):
-            store = engine.columns[column.store]
-            own = steps[start:start + length]
-            start += length
-            for i in range(len(slots)):
-                value = array[i] if batched else array
-                if column.squeeze:
-                    store[rows[i, own[0]]] = value
-                else:
-                    store[rows[i, own]] = value
+        return [steps[end - length:end] for end, length in zip(ends, ref_steps[:self._columns])]
 
     def copy_held(self, out, rows, count: int, stored_rows: int):
         engine = self.engine

@@ -91,16 +91,21 @@ class StepRefs(StorageKind):
 
     def write_items(self, slots, rows, arrays, batched: bool):
         engine = self.engine
-        ref_steps, _ = self._split_plan()
-        for column, array in zip(engine.storage.columns, arrays):
+        for column, array, steps in zip(engine.storage.columns, arrays,
+                                        self._column_steps(arrays)):
             store = engine.columns[column.store]
-            steps = ref_steps[column.offset:column.offset + column.length]
             for i in range(len(slots)):
                 value = array[i] if batched else array
                 if column.squeeze:
                     store[rows[i, steps[0]]] = value
                 else:
                     store[rows[i, steps]] = value
+
+    def _column_steps(self, arrays):
+        """Per column of data given whole, the item's steps (rows) it is written to."""
+        ref_steps, _ = self._split_plan()
+        return [ref_steps[column.offset:column.offset + column.length]
+                for column in self.engine.storage.columns]
 
     def gather(self, slots):
         engine = self.engine

@@ -106,6 +106,9 @@ class Server:
             names = [_address.name_for_port(port)]
         else:  # the first free port, by exclusive creation
             names = [_address.name_for_port(p) for p in _address.free_port_candidates()]
+        # Before anything is created: SIGTERM must remove what this process makes, the
+        # warm-up's scratch buffer included.
+        _install_hooks()
         # Before any actor can attach: a cold numba cache is filled here, once per
         # machine, instead of in every process at its first call.
         _warmup.warm_up()
@@ -168,13 +171,14 @@ class Server:
         with self._stop_lock:  # (SIGTERM's thread and the main thread may both stop it)
             self._stop()
 
-    def _stop(self):
+    def _stop(self, promptly: bool = False):
+        """``stop``; ``promptly`` (on SIGTERM) compiles nothing: see ``TableEngine.close``."""
         if self._stopped.is_set() or os.getpid() != self._owner_pid:
             return
         self._stopped.set()
         buffer, self._buffer = self._buffer, None
         for engine in buffer.engines:
-            if not engine.close():
+            if not engine.close(may_compile=not promptly):
                 _log.warning(
                     "shmreplay: stopping buffer '%s': table '%s' stayed locked by %s; it was "
                     "marked closed without its lock", self._name, engine.name,
@@ -342,8 +346,11 @@ def _still_named(name, segment) -> bool:
 
 
 def _register(server):
-    global _hooks_installed
     _live_servers.add(server)
+
+
+def _install_hooks():
+    global _hooks_installed
     if _hooks_installed:
         return
     _hooks_installed = True
@@ -360,23 +367,29 @@ def _register(server):
             # Also when the main thread waits in native code and cannot run the handler.
             _termination.watch(signal.SIGTERM,
                                lambda: signal.getsignal(signal.SIGTERM) is _on_signal,
-                               _stop_all)
+                               _stop_promptly)
 
 
 def _unregister(server):
     _live_servers.discard(server)
 
 
-def _stop_all():
+def _stop_all(promptly: bool = False):
     for server in list(_live_servers):
         try:
-            server.stop()
+            with server._stop_lock:
+                server._stop(promptly)
         except errors.ShmReplayError:
             pass
+    _buffer.abandon_creations()  # (a Server still being made: at exit or SIGTERM)
+
+
+def _stop_promptly():
+    _stop_all(promptly=True)
 
 
 def _on_signal(signum, frame):
-    _stop_all()
+    _stop_all(promptly=True)
     # Then the default action: die by the same signal, so the exit status stays honest.
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

@@ -452,3 +452,42 @@ def test_close_from_another_thread_gives_concurrent_calls_closed_error(buffer_na
         for kind, errors_seen in outcomes.items():
             assert len(errors_seen) == 1 and isinstance(errors_seen[0], errors.ClosedError), \
                 (kind, errors_seen)
+
+
+def test_sigterm_while_the_owner_compiles_its_kernels_removes_the_buffer(buffer_name, tmp_path):
+    """A Server's first process on a machine compiles the kernels (an empty numba cache)
+    on a scratch buffer of its own, its main thread inside LLVM holding numba's and
+    LLVM's locks. SIGTERM's thread then stops that Server without loading a kernel (it
+    waited for those locks: a deadlock, and the process ignored SIGTERM), and the
+    process dies by the signal, leaving nothing behind."""
+    code = textwrap.dedent(f"""
+        import time, shmreplay
+        server = shmreplay.Server([shmreplay.Table.queue("q", 4)], name={buffer_name!r})
+        time.sleep(600)
+    """)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    scratch = f"{L.SEGMENT_PREFIX}warmup-{proc.pid}-"
+
+    def scratch_segments():
+        return [n for n in os.listdir("/dev/shm") if n.startswith(scratch)]
+    try:
+        deadline = time.monotonic() + 120
+        while not scratch_segments() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        assert scratch_segments(), "the owner did not start compiling on its scratch buffer"
+        time.sleep(1.0)  # (inside the first compilations, which take tens of seconds)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the owner did not end within 20 s of SIGTERM while compiling")
+        assert proc.returncode == -signal.SIGTERM, proc.communicate()
+        assert scratch_segments() == []
+        assert _all_removed(buffer_name), _segments(buffer_name)
+    finally:
+        proc.kill()
+        proc.wait(5)

@@ -74,6 +74,10 @@ def _data_access(header, segment) -> _segment.Access:
     return _segment.PRIVATE
 
 
+# Buffers this process is creating: name -> its header segment's inode.
+_creating = {}
+
+
 def create(name: str, configs, mode: int = 0o600, checkpoint_root=None,
            restore=None) -> Buffer:
     """Creates the segments of a new buffer holding ``configs`` (Table objects).
@@ -89,6 +93,7 @@ def create(name: str, configs, mode: int = 0o600, checkpoint_root=None,
     plan = L.plan_buffer(configs, len(blob))
     segment = _segment.Segment.create(L.header_segment_name(name), plan.total_bytes, mode,
                                       what=f"buffer '{name}'")
+    _creating[name] = segment.inode
     try:
         header = L.header_view(segment.buf)
         header["magic"] = L.MAGIC
@@ -119,6 +124,22 @@ def create(name: str, configs, mode: int = 0o600, checkpoint_root=None,
         segment.unlink()
         segment.close()
         raise
+    finally:
+        _creating.pop(name, None)
+
+
+def abandon_creations():
+    """Removes the segments of every buffer this process is still creating, from any
+    thread: SIGTERM's last act (``Server``'s handler), when the process is about to die
+    by the signal and ``create`` will never finish or clean up. A name that leads to
+    another header now (not ours) is left alone."""
+    for name, inode in list(_creating.items()):
+        try:
+            if os.lstat(_peek.header_path(name)).st_ino != inode:
+                continue
+        except FileNotFoundError:
+            continue
+        unlink_all(name)
 
 
 def attach(name: str, wait_active: float = 2.0, trust_group: bool = False) -> Buffer:

@@ -330,14 +330,24 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.refs, self.rows = L.no_step_views(generation)
         self.arrays = self._table_arrays + (self.refs, self.rows)
 
-    def close(self, lock_timeout: float = CLOSE_LOCK_TIMEOUT) -> bool:
+    def close(self, lock_timeout: float = CLOSE_LOCK_TIMEOUT, may_compile: bool = True) -> bool:
         """Marks the table closed for every process (owner's stop) and wakes its waiters.
 
         Returns False if the lock stayed held for ``lock_timeout`` seconds (a stopped
         process holds it): the table is then marked closed without the lock. Every
         call, blocked or not, still sees it closed (the flag is one aligned word, and
         lock waiters check it between tries); only the holder's own call may finish.
+
+        ``may_compile=False`` (a stop on SIGTERM) in a process that has not loaded the
+        ``close`` kernel marks the table closed from Python instead: compiling it takes
+        seconds on a cold cache, and from SIGTERM's thread it would wait on numba's and
+        LLVM's locks, which the main thread may hold, compiling, while its own handler
+        waits for this stop: a deadlock.
         """
+        if not may_compile and not getattr(kernels.close, "overloads", None):
+            self.ctrl[L.C_CLOSED] = 1
+            _sync.bump_and_wake_from_python(self.ctrl, (L.C_ITEMS_SEQ, L.C_SPACE_SEQ))
+            return True
         try:
             status = _lock_waits.call(self, time.monotonic() + lock_timeout, lock_timeout,
                                       "stop", kernels.close)

@@ -221,3 +221,6 @@ def _call_every_kernel():
         client.reset("prioritized")
         with shmreplay.Server(name=name + "-restored", checkpoint=path):
             pass
+        # stop()'s own kernel, last: a process that never loaded it stops without it
+        # (see TableEngine.close), so the Server's stop would not compile it.
+        kernels.close(*client._engine("empty").arrays)

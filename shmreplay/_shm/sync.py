@@ -143,6 +143,23 @@ def timed_lock(typingctx, address, slice_ns):
     return types.int32(address, types.int64), codegen
 
 
+def bump_and_wake_from_python(word_array, indices):
+    """Changes each futex word of ``word_array`` at ``indices`` and wakes all its
+    waiters, from Python (``TableEngine.close`` in a process that has not loaded its
+    kernels: loading them then could wait on numba's locks, held by a main thread that
+    is compiling when SIGTERM's thread stops the Server). Not atomic: a concurrent
+    change may be lost, which only matters to a waiter if it is the same value, and a
+    waiter re-reads ``C_CLOSED`` when woken."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    for index in indices:
+        word_array[index] += 1
+        libc.syscall(ctypes.c_long(_SYS_FUTEX),
+                     ctypes.c_void_p(word_array.ctypes.data + int(index) * 8),
+                     ctypes.c_long(_FUTEX_WAKE), ctypes.c_long(0x7FFFFFFF),
+                     ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+
+
 @kernel
 def futex_wake_all(word_array, index):
     """Wakes every process sleeping on ``word_array[index]`` (its low 32 bits)."""

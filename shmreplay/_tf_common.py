@@ -153,7 +153,8 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
     ``timeout_secs``: how long to wait for the buffer to exist (its owner may start
     later); None: it must exist now. ``timesteps``: the shapes of one timestep (what
     ``TimestepDataset`` takes): without a signature, the items' shapes lose their time
-    dimension when they are sequence items.
+    dimension when they are sequence items. A signature is taken as it is, as Reverb
+    does (it validates a dataset's shapes against it unchanged, timesteps included).
 
     Raises:
       ValueError: no such table, or nothing says what its items look like yet.
@@ -171,6 +172,9 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
                 f"Server at {server_address} does not contain any table named {table}. "
                 f"Found: {', '.join(sorted(buffer.by_name))}.")
         layout = engine.known_layout()
+        if engine.config.signature is not None:  # as given, as Reverb takes it (for
+            column_specs, treedef = specs.flatten(engine.config.signature)  # timesteps too)
+            layout = treedef, column_specs, None
         if layout is None:
             raise ValueError(f"Table {table} at {server_address} does not have a signature "
                              "(and no item fixed its shapes yet).")
@@ -183,7 +187,8 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[floa
             # Reverb does, so the dataset is the same whenever it is made.
             shapes = [shape if column.squeeze else shape[1:]
                       for shape, column in zip(shapes, engine.storage.columns)]
-        elif timesteps and any(_batches.any_length_columns(engine)):
+        elif (timesteps and engine.config.signature is None
+              and any(_batches.any_length_columns(engine))):
             # A time dimension of any length is no timestep's: one timestep is without it.
             shapes = [shape[1:] if flag else shape
                       for shape, flag in zip(shapes, _batches.any_length_columns(engine))]

@@ -124,6 +124,8 @@ class ItemViews:
 
     def _plan(self, engine, kinds, leaves):
         """``(timestep length or None, [(action, stored shape)] per column)``."""
+        if engine.config.signature is not None:
+            self._check_signature(engine.config.column_specs)
         if len(leaves) != len(self._shapes):
             raise ValueError(
                 f"Table '{self._table}': the dataset expects {len(self._shapes)} tensors per "
@@ -155,6 +157,25 @@ class ItemViews:
                 self._refuse(index, paths[index], dtype, kind, stored, length, views)
             actions.append((action, stored))
         return length, actions
+
+    def _check_signature(self, signature_specs):
+        """Refuses a spec that cannot fit the table's signature, as Reverb does when the
+        iterator starts (in its words: code and tests match on them), whatever the items
+        stored so far. The signature is taken as it is, for timesteps too."""
+        if len(signature_specs) != len(self._shapes):
+            raise ValueError(
+                f"Inconsistent number of tensors requested from table '{self._table}'.  "
+                f"Requested {len(self._shapes)} tensors, but table signature shows "
+                f"{len(signature_specs)} tensors.")
+        for index, (want, dtype, shape) in enumerate(
+                zip(signature_specs, self._dtypes, self._shapes)):
+            if dtype != want.dtype or not shape.is_compatible_with(want.shape):
+                raise ValueError(
+                    f"Requested incompatible tensor at flattened index {index} from table "
+                    f"'{self._table}'.  Requested (dtype, shape): "
+                    f"({specs.tf_dtype_name(dtype)}, {_shape_str(shape)}).  Signature "
+                    f"(dtype, shape): ({specs.tf_dtype_name(want.dtype)}, "
+                    f"{_shape_str(want.shape)}).")
 
     def _timestep_length(self, kinds):
         """The items' time dimension when their columns are steps; None for whole items

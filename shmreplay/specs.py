@@ -74,28 +74,48 @@ def to_numpy_dtype(dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
-def to_shape(shape, where: str, time_may_vary: bool = False) -> Tuple[int, ...]:
+def to_shape(shape, where: str, any_dims: bool = False) -> Tuple[int, ...]:
     """Converts a tuple, list or ``tf.TensorShape`` to a tuple of ints.
 
-    ``time_may_vary``: the first dimension may be None (a signature's time dimension:
-    items of any length).
+    ``any_dims``: a dimension may be None (a signature: a first dimension of None takes
+    items of any length; another takes any size there, fixed by the table's first item).
 
     Raises:
       SchemaError: if a dimension is unknown (``None``) where it may not be.
     """
     as_list = getattr(shape, "as_list", None)  # tf.TensorShape
     dims = as_list() if as_list is not None else list(shape)
-    if any(d is None for d in dims[1 if time_may_vary else 0:]):
+    if not any_dims and any(d is None for d in dims):
         raise errors.SchemaError(
-            f"{where}: shape {tuple(dims)} has an unknown dimension after the first; "
-            "columns need fixed shapes, except for the time dimension of a signature "
-            "(the first, None for items of any length).")
+            f"{where}: shape {tuple(dims)} has an unknown (None) dimension; a shape here "
+            "must be fully known.")
     return tuple(None if d is None else int(d) for d in dims)
 
 
 def varies_in_time(spec) -> bool:
     """Whether a signature spec takes items of any length (its first dimension is None)."""
     return bool(spec.shape) and spec.shape[0] is None
+
+
+def has_open_cells(spec) -> bool:
+    """Whether a signature spec leaves a dimension after the first open (None): any
+    size there, which the table's first item fixes for its columns."""
+    return any(d is None for d in spec.shape[1:])
+
+
+def compatible(shape, pattern) -> bool:
+    """Whether ``shape`` fits ``pattern``: the same rank, and every dimension equal or
+    None in the pattern (``tf.TensorShape.is_compatible_with``, one way)."""
+    return len(shape) == len(pattern) and all(
+        want is None or want == got for got, want in zip(shape, pattern))
+
+
+def settled(spec, shape):
+    """``spec`` with the open dimensions after the first taken from ``shape`` (of the
+    same rank: a compatible item's): the shape a table stores that column in."""
+    dims = tuple(spec.shape[:1]) + tuple(
+        got if want is None else want for got, want in zip(shape[1:], spec.shape[1:]))
+    return TensorSpec(dims, spec.dtype, spec.name, spec.from_tf)
 
 
 def normalize_signature(signature, table: str):

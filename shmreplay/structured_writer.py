@@ -205,7 +205,7 @@ def infer_signature(configs: Sequence[Config], step_spec):
         else:
             out.append(specs.TensorSpec(
                 specs.to_shape(shape, f"infer_signature, table '{configs[0].table}', leaf "
-                                      f"{path}", time_may_vary=True),
+                                      f"{path}", any_dims=True),
                 dtypes[0], name))
     return optree.tree_unflatten(treedef, out)
 

@@ -112,12 +112,19 @@ class Table:
         self.column_specs = None
         if signature is not None:
             self.signature, _, self.column_specs = specs.normalize_signature(signature, self.name)
-            if arena_bytes:
+            if arena_bytes and not self.shapes_from_data:
                 raise ValueError(
-                    f"Table '{name}': arena_bytes holds items that do not match a table "
-                    "without a signature; a signature fixes every item's shapes (None "
-                    "dimensions and string columns are not supported yet). Leave one out.")
+                    f"Table '{name}': arena_bytes holds items of other shapes than the "
+                    "table's columns; this signature fixes every item's shapes (a None "
+                    "after the first dimension would leave some open). Leave one out.")
         self._engine = None  # set by the Server that owns this table
+
+    @property
+    def shapes_from_data(self) -> bool:
+        """Whether the table's first item fixes the shapes its columns store: it has no
+        signature, or one with a None after some first dimension (``reset`` forgets
+        them; items of other shapes go to the general store, ``arena_bytes``)."""
+        return self.signature is None or any(map(specs.has_open_cells, self.column_specs))
 
     @classmethod
     def queue(cls, name: str, max_size: int, extensions=(), signature=None, *,

@@ -47,3 +47,11 @@ def insert_arena_items_until_killed(name, table, ready, go, stop_mid_write):
     while True:
         client.insert({"name": b"torn?", "values": np.full(300, 7.0)}, {table: 1.0})
         index += 1
+
+
+def insert_open_shapes(name, table, sizes):
+    """Inserts one float32 vector of each size in ``sizes`` (a table whose signature
+    leaves the size open: the first settles the columns, others go to its arena)."""
+    with shmreplay.Client(name) as client:
+        for size in sizes:
+            client.insert(np.full(size, size, np.float32), {table: 1.0}, timeout=10)

@@ -153,11 +153,11 @@ def test_insert_makes_items_of_one_step_or_whole_sequences(buffer_name):
         client.close()
 
 
-def test_unknown_dimension_after_the_time_dimension_is_refused():
-    with pytest.raises(errors.SchemaError, match="unknown dimension after the first"):
-        shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 10,
-                        rate_limiters.MinSize(1),
-                        signature=shmreplay.TensorSpec((None, None), np.float32))
+def test_a_none_after_the_time_dimension_leaves_the_shape_to_the_first_item():
+    table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 10,
+                            rate_limiters.MinSize(1),
+                            signature=shmreplay.TensorSpec((None, None), np.float32))
+    assert table.shapes_from_data  # (the rest: test_open_dims.py)
 
 
 def test_eviction_deletes_and_max_times_sampled_free_rows_and_blocks(buffer_name):

@@ -54,7 +54,8 @@ def _uniform(name="eps"):
 @pytest.fixture
 def episodes(buffer_name):
     """A uniform table and a queue, each holding the episodes ``LENGTHS``."""
-    tables = [_uniform(), shmreplay.Table.queue("queue", 100, signature=W.SIGNATURE)]
+    tables = [_uniform(), shmreplay.Table.queue("queue", 100, signature=W.SIGNATURE),
+              shmreplay.Table.queue("plain", 100)]  # (no signature: for TimestepDataset)
     with shmreplay.Server(tables, name=buffer_name) as server:
         client = server.localhost_client()
         W.write_episodes(client, "eps", LENGTHS, BASE)
@@ -65,8 +66,9 @@ def episodes(buffer_name):
                     writer.append({"obs": np.full(4, value, np.float32),
                                    "step": np.int64(value)})
                     value += 1
-                writer.create_item("queue", 1.0, {"obs": writer.history["obs"][-length:],
-                                                  "step": writer.history["step"][-length:]})
+                for table in ("queue", "plain"):
+                    writer.create_item(table, 1.0, {"obs": writer.history["obs"][-length:],
+                                                    "step": writer.history["step"][-length:]})
                 writer.end_episode()
         yield buffer_name
         client.close()
@@ -94,10 +96,27 @@ def test_trajectory_dataset_of_a_queue_gives_the_episodes_in_order(episodes):
         _check_item(obs, step, _written())
 
 
+_STEP_DTYPES = {"obs": tf.float32, "step": tf.int64}
+_STEP_SHAPES = {"obs": tf.TensorShape([4]), "step": tf.TensorShape([])}
+
+
+def test_a_timestep_dataset_is_checked_against_the_signature_as_it_is(episodes):
+    """As in Reverb: a trajectory signature is no timestep's, so a TimestepDataset of
+    such a table is refused when it starts (a table without a signature takes it)."""
+    dataset = shmreplay_tf.TimestepDataset.from_table_signature(episodes, "queue", 4)
+    assert dataset.element_spec.data["obs"].shape.as_list() == [None, 4]
+    steps = shmreplay_tf.TimestepDataset(episodes, "queue", _STEP_DTYPES, _STEP_SHAPES, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"Requested incompatible tensor at flattened index 0 from "
+                             r"table 'queue'.  Requested \(dtype, shape\): \(float, \[4\]\)."
+                             r"  Signature \(dtype, shape\): \(float, \[\?,4\]\)"):
+        next(iter(steps))
+
+
 def test_timestep_dataset_cuts_each_item_into_its_own_timesteps(episodes):
-    dataset = shmreplay_tf.TimestepDataset.from_table_signature(
-        episodes, "queue", max_in_flight_samples_per_worker=4, rate_limiter_timeout_ms=300)
-    assert dataset.element_spec.data["obs"].shape.as_list() == [4]
+    dataset = shmreplay_tf.TimestepDataset(
+        episodes, "plain", _STEP_DTYPES, _STEP_SHAPES, max_in_flight_samples_per_worker=4,
+        rate_limiter_timeout_ms=300)
     steps, keys = [], []
     for sample in dataset:
         assert (sample.data["obs"].numpy() == sample.data["step"].numpy()).all()
@@ -109,9 +128,9 @@ def test_timestep_dataset_cuts_each_item_into_its_own_timesteps(episodes):
 
 
 def test_timestep_dataset_with_two_workers_gives_every_step_once(episodes):
-    dataset = shmreplay_tf.TimestepDataset.from_table_signature(
-        episodes, "queue", max_in_flight_samples_per_worker=2, num_workers_per_iterator=2,
-        rate_limiter_timeout_ms=300)
+    dataset = shmreplay_tf.TimestepDataset(
+        episodes, "plain", _STEP_DTYPES, _STEP_SHAPES, max_in_flight_samples_per_worker=2,
+        num_workers_per_iterator=2, rate_limiter_timeout_ms=300)
     steps = {}
     for sample in dataset:
         assert (sample.data["obs"].numpy() == sample.data["step"].numpy()).all()
@@ -122,10 +141,8 @@ def test_timestep_dataset_with_two_workers_gives_every_step_once(episodes):
 
 
 def test_timestep_dataset_refuses_items_whose_columns_differ_in_length(buffer_name):
-    signature = {"obs": shmreplay.TensorSpec((None, 2), np.float32),
-                 "action": shmreplay.TensorSpec((None,), np.int32)}
     table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 10,
-                            rate_limiters.MinSize(1), signature=signature)
+                            rate_limiters.MinSize(1))
     with shmreplay.Server([table], name=buffer_name) as server:
         client = server.localhost_client()
         with client.trajectory_writer(num_keep_alive_refs=5) as writer:
@@ -133,13 +150,15 @@ def test_timestep_dataset_refuses_items_whose_columns_differ_in_length(buffer_na
                 writer.append({"obs": np.full(2, t, np.float32), "action": np.int32(t)})
             writer.create_item("t", 1.0, {"obs": writer.history["obs"][-3:],
                                           "action": writer.history["action"][-2:]})
-        dataset = shmreplay_tf.TimestepDataset.from_table_signature(buffer_name, "t", 2)
+        dtypes = {"obs": tf.float32, "action": tf.int32}
+        dataset = shmreplay_tf.TimestepDataset(buffer_name, "t", dtypes,
+                                               {"obs": [2], "action": []}, 2)
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match="can't split non timestep trajectory"):
             next(iter(dataset))
         # Each item whole is fine: its columns at their own lengths.
-        item = next(iter(shmreplay_tf.TrajectoryDataset.from_table_signature(
-            buffer_name, "t", 2)))
+        item = next(iter(shmreplay_tf.TrajectoryDataset(
+            buffer_name, "t", dtypes, {"obs": [None, 2], "action": [None]}, 2)))
         assert item.data["obs"].shape == (3, 2) and item.data["action"].numpy().tolist() == [1, 2]
         client.close()
 

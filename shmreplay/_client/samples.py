@@ -2,6 +2,7 @@
 
 from shmreplay._schema import inputs as _inputs
 from shmreplay._schema import item_forms as _item_forms
+from shmreplay._schema import open_shapes as _open_shapes
 from shmreplay.replay_sample import ReplaySample, SampleInfo
 
 
@@ -15,7 +16,9 @@ def as_reverb(engine, batch, arena_rows, emit_timesteps: bool, unpack_as_table_s
     """
     info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
     if arena_rows:  # an item of another shape: its own leaves, as Reverb's view
-        columns = [leaf[None] for leaf in arena_rows[0][1]]
+        leaves = arena_rows[0][1]
+        timed = _open_shapes.timed_leaves(engine, len(leaves))
+        columns = [leaf if has_time else leaf[None] for leaf, has_time in zip(leaves, timed)]
     else:
         columns = _item_forms.reverb_columns(engine, batch)
     # As in Reverb: unpacked only for a table with a signature, else flat.

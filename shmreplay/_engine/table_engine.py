@@ -214,29 +214,34 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         column_specs, treedef = specs.flatten(self.config.signature)
         return treedef, column_specs, specs.path_strings(treedef)
 
-    def propose_whole_items(self, treedef, leaves, batched: bool):
+    def propose_whole_items(self, treedef, leaves, batched: bool, settled=None):
         """The storage the first inserted item would define (no side effects).
+        ``settled``: the signature's column specs with open dimensions taken from the
+        item (``specs.settled``), where it has any.
 
         Raises:
           SchemaError: if a leaf's dtype cannot be stored.
         """
         arena_bytes = _general.arena_bytes_of(self.config)
         if self.config.signature is not None:
-            column_specs = self.config.column_specs
+            column_specs = settled or self.config.column_specs
+            signature = specs.optree.tree_unflatten(specs.flatten(self.config.signature)[1],
+                                                    list(column_specs))
             if all(specs.varies_in_time(spec) for spec in column_specs):
                 # Items of any length: an insert is an item of one step, as in Reverb.
                 cells = [specs.TensorSpec(spec.shape[1:], spec.dtype) for spec in column_specs]
                 count = len(cells)
-                storage = _storage.step_storage(self.config.signature, cells, [1] * count,
+                storage = _storage.step_storage(signature, cells, [1] * count,
                                                 [False] * count, [None] * count)
-                return _storage.variable_step_storage(storage, self.capacity, count, count,
-                                                      self.config.max_steps)
-            if any(None in spec.shape for spec in column_specs):
+                return dataclasses.replace(_storage.variable_step_storage(
+                    storage, self.capacity, count, count, self.config.max_steps, self.name),
+                    arena_bytes=arena_bytes)
+            if any(specs.varies_in_time(spec) for spec in column_specs):
                 raise errors.SchemaError(
                     f"Table '{self.name}': its signature has a None (any length) time "
                     "dimension in some columns but not in others; the first item must "
                     "come from a writer (Client.trajectory_writer, Client.writer).")
-            return _storage.whole_items(self.config.signature, arena_bytes)
+            return _storage.whole_items(signature, arena_bytes)
         paths = specs.path_strings(treedef)
         column_specs = []
         for path, leaf in zip(paths, leaves):
@@ -301,10 +306,11 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         return int(io[0])
 
     def reset(self):
-        """Clears the table. A table without a signature also forgets its layout (the
-        next item may have other shapes) unless an item is being written right now."""
+        """Clears the table. A table whose first item fixed its shapes (no signature, or
+        one with open dimensions) also forgets its layout (the next item may have other
+        shapes) unless an item is being written right now."""
         forgotten = np.zeros(2, np.int64)  # (1 if forgotten, the forgotten segment's token)
-        forget = self.config.signature is None
+        forget = self.config.shapes_from_data
         status = self._call(kernels.reset, forget, forgotten)
         if status < 0:
             self._raise_status(status)

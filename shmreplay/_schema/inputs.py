@@ -10,6 +10,7 @@ import numpy as np
 
 from shmreplay import errors, specs
 from shmreplay._schema import item_forms as _item_forms
+from shmreplay._schema import open_shapes as _open_shapes
 from shmreplay._schema import storage as _storage
 from shmreplay._engine.kinds import general as _general
 from shmreplay._shm.kernels import table as kernels
@@ -99,10 +100,15 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
             return prepare_leaves(engine, leaves, expected_treedef, batched)
         except errors.SchemaError:  # they do not match either: the structure is the news
             raise _structure_error(table, treedef, expected_treedef, column_specs) from None
+    settled = None
     if engine.has_columns():
         kinds = _item_forms.column_kinds(engine)
     else:  # the first item defines whole items of the signature's (or its own) shapes
         # (a signature's None time dimension: steps of any length; see propose_whole_items)
+        if engine.config.signature is not None and engine.config.shapes_from_data:
+            column_specs = settled = _open_shapes.settle_for_insert(
+                column_specs, [to_array(leaf, table, path) for leaf, path in zip(leaves, paths)],
+                batched)
         kinds = [(_item_forms.SEQUENCE if specs.varies_in_time(spec) else _item_forms.WHOLE,
                   tuple(spec.shape)) for spec in column_specs]
     arrays, bits = [], []
@@ -134,7 +140,7 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
         bits.append(bit)
     form = _item_forms.mask(bits, table, paths)
     if proposal is None and not engine.has_columns():
-        proposal = engine.propose_whole_items(expected_treedef, arrays, batched)
+        proposal = engine.propose_whole_items(expected_treedef, arrays, batched, settled)
     return arrays, proposal, form
 
 
@@ -155,8 +161,12 @@ def arena_items(engine, data, batched: bool, refused, timeout):
         if engine.arena is not None:
             return blobs
         raise refused  # (another process defined storage without an arena first)
-    if engine.arena is None or engine.config.signature is not None:
-        raise refused  # (a signature is the items' contract)
+    if engine.arena is None:
+        raise refused
+    if engine.config.signature is not None:  # (a signature is the items' contract)
+        if not engine.config.shapes_from_data:
+            raise refused
+        data = _open_shapes.signature_item(engine, *specs.flatten(data), batched, refused)
     try:
         return _general.Arena.encode_for(engine.name, data, batched)
     except errors.SchemaError:

@@ -7,8 +7,12 @@ signature; a one-step column fits either form of a one-step stored column, and t
 form says which (``shmreplay._schema.item_forms``).
 """
 
+import dataclasses
+
 from shmreplay import errors, specs
+from shmreplay._engine.kinds import general as _general
 from shmreplay._schema import item_forms as _item_forms
+from shmreplay._schema import open_shapes as _open_shapes
 from shmreplay._schema import storage as _storage
 
 
@@ -102,12 +106,14 @@ def validate_item(engine, treedef, columns: list, paths: list[str],
                                                     variable):
         cell = column.refs[0].value.shape
         length, squeeze = len(column.refs), column.squeeze
-        if spec.dtype == want.dtype and length == 1 and want.shape in (cell, (1,) + cell):
-            squeeze = want.shape == cell  # the signature's form of a one-step column
+        fits = specs.compatible  # (a signature's None after the first dimension: any size)
+        if spec.dtype == want.dtype and length == 1 and (
+                fits(cell, want.shape) or fits((1,) + cell, want.shape)):
+            squeeze = fits(cell, want.shape)  # the signature's form of a one-step column
         elif spec.dtype != want.dtype or not (
-                spec.shape == want.shape
-                or (any_length and not squeeze and spec.shape[1:] == want.shape[1:])
-                or (per_step and not squeeze and spec.shape[1:] == want.shape)):
+                fits(spec.shape, want.shape)
+                or (any_length and not squeeze and fits(spec.shape[1:], want.shape[1:]))
+                or (per_step and not squeeze and fits(spec.shape[1:], want.shape))):
             raise _mismatch(table, path, spec, want)
         lengths.append(length)
         squeezes.append(squeeze)
@@ -119,15 +125,21 @@ def validate_item(engine, treedef, columns: list, paths: list[str],
                                     _cells(columns), lengths, squeezes,
                                     [c.source for c in columns])
     if not any(variable):
-        return storage
+        return _with_arena(engine, storage)
     return _variable(engine, storage, columns, lengths)
 
 
 def _variable(engine, storage, columns, lengths):
     """``storage`` made one of items of any length, sized by this first item."""
     distinct = len({ref.uid for column in columns for ref in column.refs})
-    return _storage.variable_step_storage(storage, engine.capacity, distinct, sum(lengths),
-                                          getattr(engine.config, "max_steps", None))
+    return _with_arena(engine, _storage.variable_step_storage(
+        storage, engine.capacity, distinct, sum(lengths),
+        getattr(engine.config, "max_steps", None), engine.name))
+
+
+def _with_arena(engine, storage):
+    """``storage`` with the general store the table gets (items of other shapes)."""
+    return dataclasses.replace(storage, arena_bytes=_general.arena_bytes_of(engine.config))
 
 
 def item_form(engine, columns: list, got, paths) -> int:
@@ -142,7 +154,8 @@ def item_form(engine, columns: list, got, paths) -> int:
         bit = _item_forms.flip_bit(kind, stored, spec.shape) if spec.dtype == want.dtype else None
         if bit is None:
             if spec.dtype != want.dtype or spec.shape != want.shape or column.squeeze:
-                raise _mismatch(engine.name, path, spec, want)
+                raise _mismatch(engine.name, path, spec, want,
+                                _open_shapes.explain(engine, path, spec, want))
             bit = 0  # (the legacy Writer's sequences into a table of whole items)
         bits.append(bit)
     return _item_forms.mask(bits, engine.name, paths)
@@ -152,7 +165,7 @@ def _cells(columns: list):
     return [specs.TensorSpec(c.refs[0].value.shape, c.refs[0].value.dtype) for c in columns]
 
 
-def _mismatch(table, path, spec, want):
+def _mismatch(table, path, spec, want, why=""):
     return errors.SchemaError(
         f"Table '{table}', column {path}: the item has {spec.dtype}{list(spec.shape)}, "
-        f"the table's items have {want.dtype}{list(want.shape)}.")
+        f"the table's items have {want.dtype}{list(want.shape)}.{why}")

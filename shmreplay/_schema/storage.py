@@ -22,10 +22,12 @@ same one.
 """
 
 import dataclasses
+import logging
 import math
 from typing import Any, Optional, Tuple
 
 from shmreplay import specs
+from shmreplay._shm import segment as _segment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +101,16 @@ def step_storage(signature, cells, lengths, squeezes, sources) -> Storage:
     return Storage(signature, True, tuple(store_specs), tuple(store_sources), tuple(columns))
 
 
+_log = logging.getLogger("shmreplay")
+
 MIN_STEPS = 1024  # the least steps a table of items of any length holds by default
+FREE_SHARE = 4  # a default step budget takes at most 1/FREE_SHARE of /dev/shm's free space
 MAX_POOL = (1 << 30) - 1  # blocks and rows are int32 indices (see ``refpool.MARK``)
 INLINE_MAX = 64  # references a slot's head keeps at most (longer items: blocks)
 
 
 def variable_step_storage(storage: Storage, capacity: int, distinct: int, references: int,
-                          max_steps=None) -> Storage:
+                          max_steps=None, table: str = "") -> Storage:
     """``storage`` (from ``step_storage``, with a length per column) made one of items
     of any length: each column of ``signature`` whose time dimension is ``None`` takes
     any number of steps.
@@ -113,7 +118,11 @@ def variable_step_storage(storage: Storage, capacity: int, distinct: int, refere
     The budget: ``max_steps`` rows if given, else room for ``capacity`` items twice as
     long as the first one (``distinct`` steps, ``references`` references): about what
     fixed-length items of twice its length would take, so that a small table stays
-    small (a container's ``/dev/shm`` is often 64 MiB). A slot's head holds an item
+    small (a container's ``/dev/shm`` is often 64 MiB); but at most what fits in a
+    quarter of /dev/shm's free space: a Reverb-sized table (a million items of a hundred
+    steps) would otherwise ask for hundreds of GiB that Reverb itself would only use
+    as they fill. Such a table then evicts before ``max_size`` once its budget is full,
+    and says so in a log warning. A slot's head holds an item
     with as many references as the first (up to ``INLINE_MAX``); the pool's blocks hold
     the rest, as many references per row as the first item has, and a block per slot.
     """
@@ -125,7 +134,16 @@ def variable_step_storage(storage: Storage, capacity: int, distinct: int, refere
         for column, spec in zip(storage.columns, column_specs))
     distinct = max(1, distinct)
     if max_steps is None:
-        rows = max(2 * capacity * distinct, MIN_STEPS)
+        wanted = 2 * capacity * distinct
+        rows = max(min(wanted, _rows_in_free_share(storage, references / distinct)),
+                   MIN_STEPS)
+        if rows < wanted:
+            _log.warning(
+                "shmreplay: table '%s' (items of any length) gets a budget of %d steps, "
+                "less than its max_size of items twice as long as its first would take "
+                "(%d): that is what a quarter of /dev/shm's free space holds. It evicts "
+                "items once the budget is full; pass Table(max_steps=...) to choose.",
+                table, rows, wanted)
     else:
         rows = int(max_steps)
     rows = min(rows, MAX_POOL)
@@ -137,3 +155,14 @@ def variable_step_storage(storage: Storage, capacity: int, distinct: int, refere
     blocks = min(capacity + -(-refs // per_block), MAX_POOL - capacity)
     return dataclasses.replace(storage, columns=columns, variable=True, row_budget=rows,
                                pool_blocks=blocks, block_width=block_width)
+
+
+def _rows_in_free_share(storage: Storage, references_per_row: float) -> int:
+    """The most rows (a step in every store, its share of references) that fit in
+    1/FREE_SHARE of /dev/shm's free space; unbounded if that cannot be told."""
+    free = _segment.free_bytes()
+    if free is None:
+        return MAX_POOL
+    per_row = sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in storage.store_specs)
+    per_row += 8 + 8 * references_per_row  # (its live count, its references)
+    return int(free // FREE_SHARE // max(per_row, 1))

@@ -26,10 +26,11 @@ _ARENA_ITEMS = L.C_ARENA_ITEMS
 
 def arena_bytes_of(config) -> int:
     """The arena a table's storage gets: its ``arena_bytes``, else the default for a
-    table without a signature (whose items may come in any shape), else none."""
+    table whose items may come in shapes other than its first's (no signature, or one
+    with open dimensions), else none."""
     chosen = getattr(config, "arena_bytes", None)
     if chosen is None:
-        chosen = DEFAULT_ARENA_BYTES if config.signature is None else 0
+        chosen = DEFAULT_ARENA_BYTES if config.shapes_from_data else 0
     return int(chosen) // L.ARENA_PAGE * L.ARENA_PAGE
 
 

@@ -35,7 +35,7 @@ def data_spec(dtypes, shapes, batch_shape=()):
     """
     treedef, dtype_leaves, shape_leaves = flatten_specs(dtypes, shapes)
     return specs.optree.tree_unflatten(treedef, [
-        tf.TensorSpec(tuple(batch_shape) + tuple(shape), tf.as_dtype(dtype))
+        tf.TensorSpec(tf.TensorShape(batch_shape).concatenate(shape), tf.as_dtype(dtype))
         for dtype, shape in zip(dtype_leaves, shape_leaves)])
 
 

@@ -225,7 +225,10 @@ class ItemViews:
 
 
 def _shape_str(shape) -> str:
-    return "[" + ",".join("?" if d is None else str(d) for d in tf.TensorShape(shape)) + "]"
+    shape = tf.TensorShape(shape)
+    if shape.rank is None:
+        return "<unknown>"  # (TensorFlow's words for a shape of unknown rank)
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 

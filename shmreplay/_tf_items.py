@@ -154,7 +154,8 @@ def _item_dataset(server_address, table, data_spec, max_in_flight_samples_per_wo
     """
     workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
     chunk_spec = ReplaySample(common.info_spec((None,)), tf.nest.map_structure(
-        lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype), data_spec))
+        lambda s: tf.TensorSpec(tf.TensorShape([None]).concatenate(s.shape), s.dtype),
+        data_spec))
     any_length = [] if timesteps else common.any_length_columns(server_address, table,
                                                                 data_spec)
     if any(any_length):  # the chunks carry the lengths to cut the items to
@@ -215,8 +216,7 @@ def _mapped_items(worker, chunk_spec):
     """
     flat_spec = tf.nest.flatten(chunk_spec)
     out_types = [tf.bool, tf.int64, tf.float64] + [s.dtype for s in flat_spec]
-    empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]], s.dtype.as_numpy_dtype)
-             for s in flat_spec]
+    empty = [_no_items(s) for s in flat_spec]
     clients = common.ClientPool(worker.server_address)
 
     def fetch(left, waiting_since):
@@ -254,12 +254,16 @@ def _mapped_items(worker, chunk_spec):
             .flat_map(plain(lambda _, items: items)))
 
 
+def _no_items(chunk_spec):
+    """An empty chunk of a column (a shape of unknown rank: any array fits it)."""
+    cell = [] if chunk_spec.shape.rank is None else chunk_spec.shape.as_list()[1:]
+    return np.zeros([0] + [d or 0 for d in cell], chunk_spec.dtype.as_numpy_dtype)
+
+
 def _generated_chunks(workers, chunk_spec):
     """Several workers' chunks through ``from_generator``: their threads need a per-
     iterator generator (see ``_parallel_chunks``)."""
-    empty = tf.nest.map_structure(
-        lambda s: np.zeros([0] + [d or 0 for d in s.shape.as_list()[1:]],
-                           s.dtype.as_numpy_dtype), chunk_spec)
+    empty = tf.nest.map_structure(_no_items, chunk_spec)
 
     def generate():
         for chunk in _parallel_chunks(workers):
@@ -314,7 +318,7 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
         table = common.plain(table, "table")
         data_spec = common.data_spec(dtypes, shapes)
         for spec in tf.nest.flatten(data_spec):
-            if 0 in spec.shape:  # tf.data's unbatch crashes the process (SIGSEGV) on them
+            if spec.shape.rank and 0 in spec.shape:  # (unbatch crashes the process on them)
                 raise ValueError(
                     f"Table '{table}': a column of shape {list(spec.shape)} has no elements, "
                     "which this dataset cannot carry (TensorFlow crashes); use make_dataset, "

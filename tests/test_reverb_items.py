@@ -165,8 +165,11 @@ def test_a_declared_signature_wins_over_the_first_item():
         writer.create_item("q", 1.0, writer.history[0][-1])
         writer.flush(timeout_ms=1000)
         writer.close()
+        # (the legacy Writer's item per step made the column one of any length, as in
+        # Reverb: the batch comes padded, here to the one step every item has)
         batch = client.sample_batch("q", 5, timeout=1)
-        assert batch.data.shape == (5,) and batch.data.tolist() == [7, 8, 9, 10, 10]
+        assert batch.data.shape == (5, 1) and batch.data[:, 0].tolist() == [7, 8, 9, 10, 10]
+        assert batch.lengths.tolist() == [1] * 5
         assert client.server_info()["q"].current_size == 0
         _ = [client.insert(np.int64(v), {"q": 1.0}, timeout=1) for v in (1, 2)]
         with client.writer(1) as legacy:

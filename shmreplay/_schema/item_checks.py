@@ -62,7 +62,7 @@ def validate_item(engine, treedef, columns: list, paths: list[str],
     (``shmreplay._schema.item_forms``). Before the table stores anything, its signature
     decides the layout, matched by flattened leaves; with ``per_step`` (the legacy
     ``Writer``) a column of ``T`` steps also matches a signature spec of one step, and
-    the first item then fixes ``T`` for the table.
+    then takes items of any length, as in Reverb.
 
     Raises:
       SchemaError: if the item's structure, shapes or dtypes differ from the table's.
@@ -102,18 +102,22 @@ def validate_item(engine, treedef, columns: list, paths: list[str],
     # Only the signature so far: the item defines step storage in the signature's layout.
     lengths, squeezes = [], []
     variable = [specs.varies_in_time(want) for want in expected_specs]
-    for spec, want, path, column, any_length in zip(got, expected_specs, paths, columns,
-                                                    variable):
+    fits = specs.compatible  # (a signature's None after the first dimension: any size)
+    for index, (spec, want, path, column) in enumerate(zip(got, expected_specs, paths,
+                                                           columns)):
         cell = column.refs[0].value.shape
         length, squeeze = len(column.refs), column.squeeze
-        fits = specs.compatible  # (a signature's None after the first dimension: any size)
-        if spec.dtype == want.dtype and length == 1 and (
-                fits(cell, want.shape) or fits((1,) + cell, want.shape)):
+        if spec.dtype != want.dtype:
+            raise _mismatch(table, path, spec, want)
+        if (per_step and not squeeze and not fits(spec.shape, want.shape)
+                and fits(spec.shape[1:], want.shape)):
+            # The legacy Writer's items against a signature of one step: Reverb takes
+            # them at any length, so the column has any length.
+            variable[index] = True
+        elif length == 1 and (fits(cell, want.shape) or fits((1,) + cell, want.shape)):
             squeeze = fits(cell, want.shape)  # the signature's form of a one-step column
-        elif spec.dtype != want.dtype or not (
-                fits(spec.shape, want.shape)
-                or (any_length and not squeeze and fits(spec.shape[1:], want.shape[1:]))
-                or (per_step and not squeeze and fits(spec.shape[1:], want.shape))):
+        elif not (fits(spec.shape, want.shape) or (
+                variable[index] and not squeeze and fits(spec.shape[1:], want.shape[1:]))):
             raise _mismatch(table, path, spec, want)
         lengths.append(length)
         squeezes.append(squeeze)

@@ -80,16 +80,27 @@ def _sort(items):
 # --- one case ---------------------------------------------------------------------------
 
 def _actor_main(case_name, address, actor_id, errors):
-    """A spawned actor: connects by address and runs the case's actor code."""
+    """A spawned actor: connects by address and runs the case's actor code; reports
+    its error (or None) and the Acme adder modules it ran."""
     try:
         import reverb
         import item_exact_cases
         case = item_exact_cases.CASES[case_name]()
+        if case.uses_acme:  # the adders the parent uses, before connecting imports any
+            item_exact_cases.acme_adders()
         client = reverb.Client(address)
         case.act(reverb, client, actor_id)
-        errors.put((actor_id, None))
+        errors.put((actor_id, None, item_exact_cases.adder_modules()))
     except BaseException:  # reported to the parent, which records the case as failed
-        errors.put((actor_id, traceback.format_exc()))
+        errors.put((actor_id, traceback.format_exc(), {}))
+
+
+def _other_adders(actor_modules):
+    """The actor's Acme adder modules that are not the parent's (name: both files)."""
+    import item_exact_cases
+    mine = item_exact_cases.adder_modules()
+    return {name: f"actor {path}, parent {mine.get(name)}"
+            for name, path in sorted(actor_modules.items()) if mine.get(name) != path}
 
 
 def _read_table(client, table, size):
@@ -156,11 +167,12 @@ def run_case(name, reverb, work):
                   for i in range(NUM_ACTORS)]
         for actor in actors:
             actor.start()
-        reports = {}
+        reports, modules = {}, {}
         deadline = time.monotonic() + ACTOR_TIMEOUT_S
         while len(reports) < NUM_ACTORS and time.monotonic() < deadline:
             try:
-                actor_id, error = errors.get(timeout=max(0.1, deadline - time.monotonic()))
+                actor_id, error, modules[actor_id] = errors.get(
+                    timeout=max(0.1, deadline - time.monotonic()))
                 reports[actor_id] = error
             except Exception:  # queue.Empty: the deadline passed
                 break
@@ -169,6 +181,13 @@ def run_case(name, reverb, work):
             if actor.is_alive():
                 actor.kill()
         failed = {i: e for i, e in reports.items() if e}
+        for i, actor_modules in sorted(modules.items()):
+            other = _other_adders(actor_modules)
+            if other and i not in failed:
+                failed[i] = f"RuntimeError: the actor ran other adder code: {other}"
+        if any(modules.values()):  # where the actors' adders came from (the same files)
+            result["actor_adders"] = sorted({os.path.dirname(path) for m in modules.values()
+                                             for path in m.values() if path})
         if len(reports) < NUM_ACTORS:
             failed.update({i: "actor did not report (hang or crash, exit code "
                               f"{actors[i].exitcode})" for i in range(NUM_ACTORS)

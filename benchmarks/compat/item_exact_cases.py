@@ -3,13 +3,15 @@ code that fills them, written against whichever ``reverb`` is importable (DeepMi
 shmreplay's shim). Acme's and TF-Agents' code runs as it is; only the environments and
 the policy are fakes, deterministic so that two runs write the same items.
 
-A case is ``Case(tables, act, read_dataset)``: ``tables(reverb)`` returns the tables,
-``act(reverb, client, actor_id)`` runs one actor, ``read_dataset`` (TF-Agents only)
-reads batches the way a learner would.
+A case is ``Case(tables, act, read_dataset, note, uses_acme)``: ``tables(reverb)``
+returns the tables, ``act(reverb, client, actor_id)`` runs one actor, ``read_dataset``
+(TF-Agents only) reads batches the way a learner would; an actor of a case that
+``uses_acme`` calls ``acme_adders()`` before it connects (see there).
 """
 
 import importlib.util
 import os
+import sys
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -27,6 +29,7 @@ class Case(NamedTuple):
     act: Callable
     read_dataset: Optional[Callable] = None
     note: str = ""
+    uses_acme: bool = False
 
 
 def _observation(actor_id, episode, t):
@@ -85,7 +88,7 @@ def _acme_case(make_adder, signature, note=""):
 
     def act(reverb, client, actor_id):
         _run_acme_episodes(make_adder(client), actor_id)
-    return Case(tables, act, note=note)
+    return Case(tables, act, note=note, uses_acme=True)
 
 
 def _episode(padding):
@@ -129,7 +132,13 @@ def acme_adders():
     adders pass ``get_signature_timeout_ms`` to ``Client.trajectory_writer``, which
     dm-reverb 0.14.0 no longer takes (Reverb 0.10 replaced it; acme 0.4.0 pins
     dm-reverb 0.7.0, which has no wheel for Python 3.11); Acme's current adders pass
-    ``validate_items`` and import against acme 0.4.0's other modules unchanged."""
+    ``validate_items`` and import against acme 0.4.0's other modules unchanged.
+
+    Call it before anything imports ``acme.adders.reverb``: a spawned actor calls it
+    before it connects its Client, because on shmreplay connecting unpickles the
+    tables' signatures, whose namedtuples (Acme's ``Step``) are pickled by reference to
+    ``acme.adders.reverb.base``, and importing that would load the installed package.
+    Raises if the installed package was loaded first."""
     import acme.adders
     if os.environ.get("ITEM_EXACT_ACME_ADDERS", "head") == "head":
         _install_head_adders(acme.adders)
@@ -151,8 +160,20 @@ def _install_head_adders(package):
                 f.write(text)
         for name in ADDER_FILES[1:] + ADDER_FILES[:1]:
             os.replace(os.path.join(folder, f"{name}.py.tmp"), os.path.join(folder, f"{name}.py"))
+    loaded = sys.modules.get("acme.adders.reverb")
+    if loaded is not None and os.path.dirname(loaded.__file__) != folder:
+        raise RuntimeError(
+            f"acme.adders.reverb was imported from {loaded.__file__} before Acme HEAD's "
+            f"adders were put on acme.adders.__path__ (call acme_adders() earlier)")
     if root not in package.__path__:
         package.__path__.insert(0, root)
+
+
+def adder_modules():
+    """``{module name: file}`` of the Acme adder code this process has imported, to
+    check that a case's actors ran the same adders as its parent."""
+    return {name: getattr(module, "__file__", None) for name, module in sys.modules.items()
+            if name == "acme_structured" or name.startswith("acme.adders.reverb")}
 
 
 def acme_structured_module():
@@ -200,7 +221,8 @@ def _structured(kind):
     what = ("create_sequence_config(4, period=2, TRUNCATE)" if kind == "sequence"
             else "create_n_step_transition_config(n_step=3)")
     return Case(tables, act, note=f"StructuredAdder (Acme HEAD) with {what}, "
-                                  "signature sw.infer_signature(configs, step_spec)")
+                                  "signature sw.infer_signature(configs, step_spec)",
+                uses_acme=True)
 
 
 # --- TF-Agents --------------------------------------------------------------------------

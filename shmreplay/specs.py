@@ -157,6 +157,26 @@ def check_storable_dtype(dtype: np.dtype, where: str):
             "boolean dtype.")
 
 
+def step_value(value: np.ndarray, where: str) -> np.ndarray:
+    """A writer's step ``value``, checked: numbers and booleans as they are; strings
+    (bytes or str, also an object array of them), which items take to the table's
+    general store, as an object array, so that every step of a column has one dtype
+    whatever its strings' lengths (as ``tf.string``).
+
+    Raises:
+      SchemaError: anything else.
+    """
+    if value.dtype.kind in "biufc" and not value.dtype.hasobject:
+        return value
+    if value.dtype.kind in "SU":
+        return value.astype(object)
+    if value.dtype.kind == "O" and all(isinstance(v, (bytes, str)) for v in value.flat):
+        return value
+    raise errors.SchemaError(
+        f"{where}: dtype {describe_dtype(value.dtype)} cannot be stored; expected numbers, "
+        "booleans or strings.")
+
+
 _DTYPE_KINDS = {"U": "strings", "S": "bytes", "O": "Python objects", "M": "datetimes",
                 "m": "time deltas", "V": "raw or structured records"}
 

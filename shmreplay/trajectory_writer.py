@@ -150,7 +150,7 @@ class TrajectoryWriter:
             first = first_values.get(path)
             if (first is None or value.shape != first.shape
                     or (value.dtype is not first.dtype and value.dtype != first.dtype)):
-                check_value(path, value, first)
+                value = check_value(path, value, first)  # (strings: as objects)
             converted.append((path, value))
         uid = self._next_uid
         if uid is None:

@@ -149,9 +149,8 @@ class Writer:
         """Copies and checks one step's leaves; nothing changes if a check fails."""
         if self._treedef is None:
             paths = specs.path_strings(treedef)
-            values = [np.array(leaf) for leaf in leaves]
-            for value, path in zip(values, paths):
-                specs.check_storable_dtype(value.dtype, f"Writer, column {path}")
+            values = [specs.step_value(np.array(leaf), f"Writer, column {path}")
+                      for leaf, path in zip(leaves, paths)]
             if not values:
                 raise errors.SchemaError("Writer: a step needs at least one tensor.")
             return values
@@ -173,7 +172,7 @@ class Writer:
                         f"step), got Python {type(leaf).__name__} {leaf!r}: "
                         f"{specs.python_scalar_refusal(leaf, first.dtype)}.")
             else:
-                value = np.array(leaf)
+                value = specs.step_value(np.array(leaf), f"Writer, column {path}")
             if value.dtype != first.dtype:
                 raise errors.SchemaError(
                     f"Writer, column {path}: expected dtype {first.dtype} (as the first "

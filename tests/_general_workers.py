@@ -55,3 +55,20 @@ def insert_open_shapes(name, table, sizes):
     with shmreplay.Client(name) as client:
         for size in sizes:
             client.insert(np.full(size, size, np.float32), {table: 1.0}, timeout=10)
+
+
+def write_items_of_two_shapes(name, table):
+    """A TrajectoryWriter's items of two shapes (the second in the general store) and a
+    legacy Writer's items of strings."""
+    with shmreplay.Client(name) as client:
+        with client.trajectory_writer(3) as writer:
+            for step in range(3):
+                writer.append({"x": np.full(2, step, np.float32)})
+            writer.create_item(table, 1.0, {"x": writer.history["x"][-2:]})
+        with client.trajectory_writer(3) as writer:
+            writer.append({"x": np.full((2, 2), 7, np.int64)})
+            writer.create_item(table, 1.0, {"x": writer.history["x"][-1:]})
+        with client.writer(2) as writer:
+            writer.append({"x": b"one"})
+            writer.append({"x": b"two"})
+            writer.create_item(table, 2, 1.0)

@@ -97,19 +97,26 @@ def test_reset_forgets_the_settled_shapes(buffer_name):
         assert _drain(client, 1)[0].shape == (1, 9)
 
 
-def test_a_writer_item_of_another_shape_is_refused_with_the_reason(buffer_name):
+def test_writer_items_of_another_shape_go_to_the_general_store(buffer_name):
     signature = shmreplay.TensorSpec((None, None), np.float32)
     with shmreplay.Server([_fifo(signature)], name=buffer_name) as server, \
             shmreplay.Client(server.name) as client:
         with client.trajectory_writer(2) as writer:
             writer.append(np.ones(5, np.float32))
             writer.create_item("t", 1.0, writer.history[-1:])
+        with client.trajectory_writer(3) as writer:
+            for step in range(3):
+                writer.append(np.full(6, step, np.float32))
+            writer.create_item("t", 1.0, writer.history[-3:])  # [3, 6]: the store
+            writer.create_item("t", 1.0, writer.history[-1])    # [6], squeezed: the
+            # signature gives this column a time dimension, so the item gets one
         with client.trajectory_writer(2) as writer:
-            writer.append(np.ones(6, np.float32))
-            with pytest.raises(errors.SchemaError, match=r"fixed the open dimensions to "
-                                                         r"\[None, 5\]"):
-                writer.create_item("t", 1.0, writer.history[-1:])
-        assert client.server_info()["t"].current_size == 1
+            writer.append(np.ones((2, 2), np.float32))
+            with pytest.raises(errors.SchemaError, match=r"the item has float32\[1, 2, 2\]"):
+                writer.create_item("t", 1.0, writer.history[-1:])  # fits no [None, None]
+        got = _drain(client, 3)
+        assert [c.shape for c in got] == [(1, 5), (3, 6), (1, 6)]
+        np.testing.assert_array_equal(got[1][:, 0], [0, 1, 2])
 
 
 def test_another_process_inserts_both_shapes_by_name(buffer_name):

@@ -17,7 +17,10 @@ def as_reverb(engine, batch, arena_rows, emit_timesteps: bool, unpack_as_table_s
     info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
     if arena_rows:  # an item of another shape: its own leaves, as Reverb's view
         leaves = arena_rows[0][1]
-        timed = _open_shapes.timed_leaves(engine, len(leaves))
+        if _item_forms.form_of(engine, int(batch.info.key[0])) == _item_forms.AS_WRITTEN:
+            timed = [True] * len(leaves)  # a writer's item: its columns as they were made
+        else:
+            timed = _open_shapes.timed_leaves(engine, len(leaves))
         columns = [leaf if has_time else leaf[None] for leaf, has_time in zip(leaves, timed)]
     else:
         columns = _item_forms.reverb_columns(engine, batch)

@@ -17,8 +17,10 @@ from shmreplay._schema import storage as _storage
 
 
 def check_column(column, table: str, where: str):
-    """Every reference of a column must hold values of one shape and dtype."""
+    """Every reference of a column must hold values of one shape and of one dtype that
+    a column stores (strings go to the general store: ``_writers.general_items``)."""
     first = column.refs[0]
+    specs.check_storable_dtype(first.value.dtype, f"Table '{table}', column {where}")
     for ref in column.refs:
         if ref.value.dtype != first.value.dtype or ref.value.shape != first.value.shape:
             raise errors.SchemaError(

@@ -22,7 +22,8 @@ one step      ``[1, *c]``      ``[1, *c]``         ``c``
 sequence      ``[T, *c]``      ``[T, *c]``         (none; of any length: ``c``)
 ============  ===============  ==================  ===================
 
-A form is a bit mask of flipped columns (the first 62 columns can be flipped). It is
+A form is a bit mask of flipped columns (the first 62 columns can be flipped), or
+``AS_WRITTEN`` for a writer's item in the general store. It is
 kept per slot in the data segment as ``(key, mask)``, written just after the item is
 committed; an entry whose key is not the slot's current item means "no flips", so
 entries of removed items never need clearing.
@@ -35,6 +36,9 @@ from shmreplay import errors, specs
 
 WHOLE, SQUEEZED, ONE_STEP, SEQUENCE = range(4)
 _MAX_FLIPPED = 62
+# The form of a writer's item in the general store: its columns are as the writer made
+# them (a time dimension where not squeezed), where an inserted item is one timestep.
+AS_WRITTEN = 1 << _MAX_FLIPPED
 
 
 def column_kinds(engine):

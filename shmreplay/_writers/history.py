@@ -114,7 +114,9 @@ _new_column = object.__new__
 
 
 def check_value(path, value, first):
-        """Raises SchemaError unless ``value`` can be stored as the column's value."""
+        """``value`` as the column stores it (``specs.step_value``); SchemaError unless
+        it can be stored there."""
+        value = specs.step_value(value, f"Column {path}")
         if first is not None:
             if value.dtype != first.dtype:
                 raise errors.SchemaError(
@@ -126,10 +128,6 @@ def check_value(path, value, first):
                     f"Tensor of incompatible shape provided for column {path}. Got "
                     f"{specs.tf_shape_str(value.shape)} which is incompatible with "
                     f"{specs.tf_shape_str(first.shape)}.")
-        if value.dtype.kind not in "biufc":
-            raise errors.SchemaError(
-                f"Column {path}: dtype {value.dtype} cannot be stored; expected a numeric or "
-                "boolean dtype.")
         return value
 
 

@@ -125,6 +125,7 @@ class StructuredWriter:
             value = leaf
         else:
             value = np.asarray(leaf)
+        value = specs.step_value(value, self._describe(index))
         first = self._firsts.get(index)
         if first is not None:
             if value.dtype != first[0]:
@@ -137,7 +138,6 @@ class StructuredWriter:
                     f"Tensor of incompatible shape provided for {self._describe(index)}. Got "
                     f"{specs.tf_shape_str(value.shape)} which is incompatible with "
                     f"{specs.tf_shape_str(first[1])}.")
-        specs.check_storable_dtype(value.dtype, self._describe(index))
         return value
 
     def _insert(self, made):

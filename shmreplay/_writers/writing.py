@@ -20,6 +20,7 @@ from shmreplay._shm import layout as L
 from shmreplay import errors, specs
 from shmreplay._schema import inputs as _inputs
 from shmreplay._schema import item_forms as _item_forms
+from shmreplay._writers import general_items as _general_items
 from shmreplay._schema.item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
@@ -123,6 +124,8 @@ class ItemPlan:
     """How items of one shape go into one table: per column, its store and whether its
     steps are shared with other items (the store holds the field the column reads)."""
 
+    general = False  # (``_general_items.GeneralPlan``: the table's general store)
+
     __slots__ = ("steps", "columns", "uniform", "full_mask", "stores", "form", "generation",
                  "treedef", "paths", "per_step", "variable", "_uniform_refs", "_scratch")
 
@@ -203,7 +206,12 @@ def plan_item(rows: TableRows, treedef, columns: List[ItemColumn], paths: List[s
             return plan
         rows.forget()  # planned for a layout forgotten since (``Client.reset``)
     engine = rows.engine
-    proposal = validate_item(engine, treedef, columns, paths, per_step)
+    try:
+        proposal = validate_item(engine, treedef, columns, paths, per_step)
+    except errors.SchemaError as refused:  # not the table's columns: its general store?
+        plan = _general_items.plan(engine, treedef, columns, paths, per_step, refused)
+        rows.plans[key] = plan
+        return plan
     if proposal is not None:
         check_rows_fit(engine, proposal, columns)
         engine.define_storage(proposal)
@@ -242,6 +250,8 @@ def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], pri
                  timeout, uids):
     engine = rows.engine
     episode = rows.episode_base + columns[0].refs[0].episode
+    if plan.general:
+        return _general_items.insert(engine, plan, columns, priority, timeout, episode)
     if not plan.steps:
         return _insert_whole(engine, columns, priority, timeout, plan.form, episode)
     if plan.uniform:

@@ -1,0 +1,95 @@
+"""Writer items the table's columns cannot hold, for its general store.
+
+A table without a signature (or whose signature leaves some dimensions open) stores
+``insert`` items of other shapes, dtypes or structures, and strings, whole in its
+general store (``shmreplay._engine.kinds.general``). Writers' items go there too, as in
+Reverb where any item goes into such a table: an item that does not fit the columns
+the table's first item defined is stacked from its steps (the writer keeps each step's
+values) and stored whole, with its episode. Its steps are not shared with other items:
+the general store is for the unusual item, the columns stay the fast path.
+"""
+
+import time
+
+import numpy as np
+
+from shmreplay import errors, specs
+from shmreplay._engine.kinds import general as _general
+from shmreplay._engine.table_info import record_episode
+from shmreplay._schema import general_codec as _codec
+from shmreplay._schema import item_forms as _item_forms
+from shmreplay._schema import open_shapes as _open_shapes
+from shmreplay._schema import storage as _storage
+
+
+class GeneralPlan:
+    """How items of one shape go into a table's general store (``plan_item``'s answer
+    when the columns refuse them)."""
+
+    general = True
+    uniform = False  # (never the writers' shortcut over shared steps)
+    steps = False
+
+    def __init__(self, engine, treedef, paths, per_step: bool, refused):
+        self.generation = engine.layout_gen
+        self.treedef, self.paths, self.per_step = treedef, paths, per_step
+        self.refused = refused  # (the columns' reason, for an item that fits nothing)
+
+
+def plan(engine, treedef, columns, paths, per_step: bool, refused) -> GeneralPlan:
+    """A plan for the general store if the table has one and may hold the item;
+    ``refused`` (the columns' refusal) otherwise.
+
+    A table whose first item this is, and which cannot define columns for it (strings,
+    say), gets a storage of no columns, so that every item goes to its store.
+    """
+    config = engine.config
+    arena_bytes = _general.arena_bytes_of(config)
+    if not arena_bytes or not config.shapes_from_data:
+        raise refused  # (a fixed signature is the items' contract)
+    if not engine.has_columns():
+        if config.signature is not None:
+            raise refused  # (the first item settles an open signature's columns)
+        _encode(engine, treedef, columns, refused)  # (refused if it cannot be stored)
+        engine.define_storage(_storage.whole_items((), arena_bytes))
+    if engine.arena is None:
+        raise refused  # (another process defined storage without a store first)
+    _encode(engine, treedef, columns, refused)  # (refused if it fits no signature)
+    return GeneralPlan(engine, treedef, paths, per_step, refused)
+
+
+def insert(engine, plan: GeneralPlan, columns, priority: float, timeout, episode):
+    """Stores one planned item whole in ``engine``'s general store; returns its key.
+
+    Raises:
+      DeadlineExceededError: the rate limiter did not admit it within ``timeout``
+        (nothing stored).
+      ArenaFullError: the item is larger than the whole store.
+    """
+    blob = _encode(engine, plan.treedef, columns, plan.refused)
+    slots = engine.arena.reserve([blob], timeout)
+    try:
+        engine.arena.write(slots, [blob])
+        record_episode(engine, int(slots[0]), episode)
+    except BaseException:
+        engine.cancel(slots)
+        raise
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    key = int(engine.commit(slots, np.array([priority], np.float64), deadline, timeout)[0])
+    _item_forms.record(engine, key, _item_forms.AS_WRITTEN)
+    return key
+
+
+def _encode(engine, treedef, columns, refused) -> bytes:
+    """The item's bytes: each column stacked from its steps (a squeezed one is its one
+    step), in the signature's forms if the table has one."""
+    values = [column.refs[0].value if column.squeeze
+              else np.stack([ref.value for ref in column.refs]) for column in columns]
+    if engine.config.signature is not None:
+        item = _open_shapes.signature_item(engine, values, treedef, False, refused)
+    else:
+        item = specs.optree.tree_unflatten(treedef, values)
+    try:
+        return _codec.encode(item, engine.name)
+    except errors.SchemaError:
+        raise refused from None

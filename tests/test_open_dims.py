@@ -156,3 +156,18 @@ def test_the_default_step_budget_takes_at_most_a_quarter_of_free_shared_memory(
     assert chosen.row_budget == 5000
     small = _storage.variable_step_storage(steps, 10, 100, 100)
     assert small.row_budget == 2 * 10 * 100  # (small tables keep the usual budget)
+
+
+def test_without_a_general_store_other_shapes_are_refused_with_the_reason(buffer_name):
+    signature = shmreplay.TensorSpec((None, None), np.float32)
+    with shmreplay.Server([_fifo(signature, arena_bytes=0)], name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        with client.trajectory_writer(2) as writer:
+            writer.append(np.ones(5, np.float32))
+            writer.create_item("t", 1.0, writer.history[-1:])
+        with client.trajectory_writer(2) as writer:
+            writer.append(np.ones(6, np.float32))
+            with pytest.raises(errors.SchemaError,
+                               match=r"fixed the open dimensions to \[None, 5\] .*arena_bytes"):
+                writer.create_item("t", 1.0, writer.history[-1:])
+        assert client.server_info()["t"].current_size == 1

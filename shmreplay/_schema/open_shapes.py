@@ -81,5 +81,4 @@ def explain(engine, path: str, got, want) -> str:
         return ""
     return (f" The signature gives {list(given.shape)}; the table's first item fixed the "
             f"open dimensions to {list(want.shape)} for its columns, and items of other "
-            "shapes go to its general store, which writers' items cannot use yet "
-            "(reset the table, or give each shape its own table).")
+            "shapes need its general store, which it does not have (arena_bytes=0).")

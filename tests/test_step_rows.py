@@ -41,6 +41,12 @@ class StepTable:
         self.where = {}      # step id -> (row, generation) of its last write
         self.items = {}      # key -> list per column of step ids
 
+    def redefine(self):
+        """After ``reset``: the table's layout again (a new data segment, empty rows)."""
+        self.engine.define_storage(self.storage)
+        self.where.clear()
+        self.items.clear()
+
     def insert(self, columns, commit=True):
         """Reserves, writes and (optionally) commits one item; returns its key or slot."""
         steps, ref_steps = {}, []
@@ -104,7 +110,7 @@ def test_random_operations_keep_rows_consistent(serve, seed, max_times):
     # Column 0: the last 3 steps; column 1: the last 2 steps of the same field (shares
     # the store); column 2: a private copy of one step (no source: never shared).
     storage = _storage_for([3, 2, 1], ["obs", "obs", None])
-    # (a signature: ``reset`` keeps the layout, which this harness's memory is for)
+    # (``reset`` forgets the layout: the harness defines it again, and forgets its rows)
     table = shmreplay.Table("t", selectors.Uniform(), selectors.Fifo(), 6,
                             rate_limiters.MinSize(1), max_times_sampled=max_times,
                             signature=storage.signature)
@@ -128,6 +134,7 @@ def test_random_operations_keep_rows_consistent(serve, seed, max_times):
             client.mutate_priorities("t", deletes=[int(k) for k in keys])
         elif op < 0.93:
             client.reset("t")
+            t.redefine()
         t.check()
         if rng.random() < 0.1:
             live, counts = t.live_rows()
@@ -137,6 +144,7 @@ def test_random_operations_keep_rows_consistent(serve, seed, max_times):
             t.check()
     # Everything removed: every row is free again.
     client.reset("t")
+    t.redefine()
     t.check()
     assert client.server_info()["t"].num_stored_steps == 0
 

@@ -306,11 +306,13 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         return int(io[0])
 
     def reset(self):
-        """Clears the table. A table whose first item fixed its shapes (no signature, or
-        one with open dimensions) also forgets its layout (the next item may have other
-        shapes) unless an item is being written right now."""
+        """Clears the table and forgets its layout, unless an item is being written right
+        now: the next first item defines it again, as after the table was made. Without
+        a signature (or with open dimensions) its shapes may change; with one, what
+        stores it may (whole items from ``insert``, steps from a writer: the legacy
+        ``Writer``'s items of any length per step, as Reverb takes them after a reset)."""
         forgotten = np.zeros(2, np.int64)  # (1 if forgotten, the forgotten segment's token)
-        forget = self.config.shapes_from_data
+        forget = True
         status = self._call(kernels.reset, forget, forgotten)
         if status < 0:
             self._raise_status(status)

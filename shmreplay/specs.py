@@ -136,9 +136,13 @@ def normalize_signature(signature, table: str):
                 "(expected a TensorSpec or anything with .shape and .dtype).")
         where = f"Table '{table}', column {path}"
         name = getattr(leaf, "name", None)
-        spec = TensorSpec(to_shape(leaf.shape, where, True), to_numpy_dtype(leaf.dtype),
+        dtype = to_numpy_dtype(leaf.dtype)
+        if is_string_dtype(dtype):
+            dtype = np.dtype(object)  # (tf.string's: bytes of any length)
+        spec = TensorSpec(to_shape(leaf.shape, where, True), dtype,
                           name if isinstance(name, str) else None, _from_tf(leaf))
-        check_storable_dtype(spec.dtype, where)
+        if not is_string_dtype(dtype):
+            check_storable_dtype(spec.dtype, where)
         specs.append(spec)
     return optree.tree_unflatten(treedef, specs), treedef, specs
 
@@ -147,6 +151,12 @@ def _from_tf(leaf) -> bool:
     if isinstance(leaf, TensorSpec):
         return leaf.from_tf
     return type(leaf).__module__.startswith("tensorflow")
+
+
+def is_string_dtype(dtype: np.dtype) -> bool:
+    """Whether a signature's dtype is a string one (``tf.string``, numpy's bytes, str or
+    object): such a column's items go to the table's general store."""
+    return dtype.kind in "SUO"
 
 
 def check_storable_dtype(dtype: np.dtype, where: str):

@@ -112,12 +112,19 @@ class Table:
         self.column_specs = None
         if signature is not None:
             self.signature, _, self.column_specs = specs.normalize_signature(signature, self.name)
-            if arena_bytes and not self.shapes_from_data:
+            if arena_bytes and not (self.shapes_from_data or self.has_strings):
                 raise ValueError(
                     f"Table '{name}': arena_bytes holds items of other shapes than the "
                     "table's columns; this signature fixes every item's shapes (a None "
                     "after the first dimension would leave some open). Leave one out.")
         self._engine = None  # set by the Server that owns this table
+
+    @property
+    def has_strings(self) -> bool:
+        """Whether the signature has a string column (``tf.string``): every item then
+        goes to the table's general store, which such a table has by default."""
+        return self.signature is not None and any(
+            specs.is_string_dtype(spec.dtype) for spec in self.column_specs)
 
     @property
     def shapes_from_data(self) -> bool:

@@ -72,3 +72,19 @@ def write_items_of_two_shapes(name, table):
             writer.append({"x": b"one"})
             writer.append({"x": b"two"})
             writer.create_item(table, 2, 1.0)
+
+
+def sample_first_items(name, table, count, out):
+    """A fresh process's first samples of a table whose items are in its general store:
+    puts their data (as lists) on ``out``."""
+    with shmreplay.Client(name) as client:
+        first = client.sample_batch(table, 1, timeout=10)
+        rest = [s.data for s in client.sample(table, count - 1, emit_timesteps=False,
+                                              timeout=10)]
+        out.put([specs_free(first.data)] + [specs_free(d) for d in rest])
+
+
+def specs_free(data):
+    """``data`` with arrays as lists (picklable, comparable)."""
+    import optree
+    return optree.tree_map(lambda leaf: np.asarray(leaf).tolist(), data)

@@ -27,6 +27,8 @@ def as_reverb(engine, batch, arena_rows, emit_timesteps: bool, unpack_as_table_s
     # As in Reverb: unpacked only for a table with a signature, else flat.
     unpack = unpack_as_table_signature and engine.config.signature is not None
     unflatten = _item_forms.unflattener(engine) if unpack else list
+    if unpack and arena_rows:  # (a general store item of a signature's table: its nest)
+        unflatten = _open_shapes.signature_unflattener(engine)
     if not emit_timesteps:
         return ReplaySample(info, unflatten(columns))
     # Reverb splits every column along its first dimension (a squeezed column included)

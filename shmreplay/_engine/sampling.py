@@ -51,6 +51,15 @@ def _reseed_if_seeded():
 os.register_at_fork(after_in_child=_reseed_if_seeded)
 
 
+class _MappedNow(Exception):
+    """The table's layout was mapped during a sample: sample again (``timeout``: what is
+    left of the caller's)."""
+
+    def __init__(self, timeout):
+        super().__init__()
+        self.timeout = timeout
+
+
 class Sampling:
     """``TableEngine``'s sampling methods (see the module docstring)."""
 
@@ -77,12 +86,18 @@ class Sampling:
                     return self._sample_waiting(batch_size, timeout, outputs)
                 finally:
                     results.release(outputs)
-        return self._sample_waiting(batch_size, timeout)
+        try:
+            return self._sample_waiting(batch_size, timeout)
+        except _MappedNow as mapped:
+            return self.sample(batch_size, mapped.timeout)  # (the calls the layout bound)
 
     def sample_items(self, batch_size: int, timeout):
         """``(batch, arena_rows)``: ``sample``, and the rows that are items of another
         shape (``kinds.general``; a table with an arena binds its own)."""
-        return self.sample(batch_size, timeout), {}
+        try:
+            return self._sample_waiting(batch_size, timeout), {}
+        except _MappedNow as mapped:
+            return self.sample_items(batch_size, mapped.timeout)
 
     def _sample_waiting(self, batch_size: int, timeout, outputs=None, gather=None):
         """The paths of ``sample`` that may wait. The waits inside see only what is
@@ -92,14 +107,21 @@ class Sampling:
             if outputs is not None:
                 return self._finish_into(outputs, batch_size, timeout)
             deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-            if self.columns is None and not self.has_columns():
-                # Nothing was ever inserted: wait for the first item, then map its columns.
-                self._blocking(kernels.wait_for_items, L.C_ITEMS_WAITERS, L.C_ITEMS_SEQ,
-                               timeout, False,
-                               lambda was_waiting, register: (was_waiting, register))
-                self.has_columns()
-                return self.sample(batch_size, None if deadline is None
-                                   else deadline - time.monotonic())
+            if self.columns is None:
+                if not self.has_columns():
+                    # Nothing was ever inserted: wait for the first item, then map its
+                    # columns.
+                    self._blocking(kernels.wait_for_items, L.C_ITEMS_WAITERS,
+                                   L.C_ITEMS_SEQ, timeout, False,
+                                   lambda was_waiting, register: (was_waiting, register))
+                    self.has_columns()
+                # Mapped just now, which bound its kind's and its general store's calls
+                # (``TableEngine._map_columns``): the caller samples again through them,
+                # before anything is drawn (this call's lookup predates them).
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if gather is not None:  # (the general store's own call, after a reset)
+                    return self.sample(batch_size, remaining)
+                raise _MappedNow(remaining)
             return self._sample_new(batch_size, deadline, gather or self._gather)
         except errors.LockTimeoutError:
             raise

@@ -82,6 +82,10 @@ def prepare_leaves(engine, leaves, treedef, batched: bool):
     would define; ``form`` the item's form mask.
     """
     table = engine.name
+    if engine.config.has_strings:  # (``arena_items`` takes every item of such a table)
+        raise errors.SchemaError(
+            f"Table '{table}': its signature has string columns, which only its general "
+            "store holds.")
     proposal = None
     layout = engine.known_layout()
     if layout is not None:
@@ -148,29 +152,27 @@ def arena_items(engine, data, batched: bool, refused, timeout):
     """The encoded items (one per row) of ``data``, which the table's columns refused
     with ``refused``, for its general store; ``refused`` itself if it has none or the
     data cannot be encoded either. A first item that cannot define columns (strings,
-    say) defines a table of no columns, so that every item goes to the store."""
-    if not engine.has_columns():
-        if engine.config.signature is not None or not _general.arena_bytes_of(engine.config):
-            raise refused
-        try:
-            blobs = _general.Arena.encode_for(engine.name, data, batched)
-        except errors.SchemaError:
-            raise refused from None
-        engine.define_storage(_storage.whole_items((), _general.arena_bytes_of(engine.config)),
-                              timeout)
-        if engine.arena is not None:
-            return blobs
-        raise refused  # (another process defined storage without an arena first)
-    if engine.arena is None:
+    say, or any item of a signature with string columns) defines a table of no
+    columns, so that every item goes to the store."""
+    config = engine.config
+    arena_bytes = _general.arena_bytes_of(config)
+    if not arena_bytes:
         raise refused
-    if engine.config.signature is not None:  # (a signature is the items' contract)
-        if not engine.config.shapes_from_data:
+    if config.signature is not None:  # (a signature is the items' contract)
+        if not (config.shapes_from_data or config.has_strings):
             raise refused
+        if not engine.has_columns() and not config.has_strings:
+            raise refused  # (its first item settles an open signature's columns)
         data = _open_shapes.signature_item(engine, *specs.flatten(data), batched, refused)
     try:
-        return _general.Arena.encode_for(engine.name, data, batched)
+        blobs = _general.Arena.encode_for(engine.name, data, batched)
     except errors.SchemaError:
         raise refused from None
+    if not engine.has_columns():
+        engine.define_storage(_storage.whole_items((), arena_bytes), timeout)
+    if engine.arena is None:
+        raise refused  # (another process defined storage without an arena first)
+    return blobs
 
 
 def _structure_error(table, treedef, expected_treedef, column_specs):

@@ -45,6 +45,11 @@ def column_kinds(engine):
     """Per item column of ``engine``'s storage: ``(kind, stored shape)``."""
     storage = engine.storage
     shapes = [tuple(spec.shape) for spec in engine.column_specs]
+    if not shapes and engine.config.has_strings:
+        # No columns: every item is in the general store, in the signature's forms
+        # (``open_shapes.signature_item``), which the datasets read as whole items.
+        return [(SEQUENCE if specs.varies_in_time(spec) else WHOLE, tuple(spec.shape))
+                for spec in engine.config.column_specs]
     if not storage.steps:
         return [(WHOLE, shape) for shape in shapes]
     kinds = []

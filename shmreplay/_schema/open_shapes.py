@@ -47,6 +47,8 @@ def signature_item(engine, leaves, treedef, batched: bool, refused):
     shaped = []
     for leaf, spec, path in zip(leaves, column_specs, specs.path_strings(signature_treedef)):
         array = np.asarray(leaf)
+        if specs.is_string_dtype(spec.dtype) and specs.is_string_dtype(array.dtype):
+            array = array.astype(object)  # (tf.string: bytes or str of any length)
         shape = array.shape[1:] if batched else array.shape
         if specs.varies_in_time(spec) and len(shape) == len(spec.shape) - 1:
             array = array[:, None] if batched else array[None]
@@ -54,7 +56,8 @@ def signature_item(engine, leaves, treedef, batched: bool, refused):
         if array.dtype != spec.dtype or not specs.compatible(shape, spec.shape):
             raise errors.SchemaError(
                 f"Table '{engine.name}', column {path}: the item has {array.dtype}"
-                f"{list(shape)}, which does not fit the signature's {spec.dtype}"
+                f"{list(shape)}, which does not fit the signature's "
+                f"{'string' if specs.is_string_dtype(spec.dtype) else spec.dtype}"
                 f"{list(spec.shape)} (None: any size).")
         shaped.append(array)
     return specs.optree.tree_unflatten(signature_treedef, shaped)
@@ -68,6 +71,13 @@ def timed_leaves(engine, count: int):
     if engine.config.signature is None or len(engine.config.column_specs) != count:
         return [False] * count
     return [specs.varies_in_time(spec) for spec in engine.config.column_specs]
+
+
+def signature_unflattener(engine):
+    """``columns -> nest`` of the table's signature (its general store's items are
+    stored in it: ``signature_item``)."""
+    treedef = specs.flatten(engine.config.signature)[1]
+    return lambda columns: specs.optree.tree_unflatten(treedef, list(columns))
 
 
 def explain(engine, path: str, got, want) -> str:

@@ -45,10 +45,10 @@ def plan(engine, treedef, columns, paths, per_step: bool, refused) -> GeneralPla
     """
     config = engine.config
     arena_bytes = _general.arena_bytes_of(config)
-    if not arena_bytes or not config.shapes_from_data:
+    if not arena_bytes or not (config.shapes_from_data or config.has_strings):
         raise refused  # (a fixed signature is the items' contract)
     if not engine.has_columns():
-        if config.signature is not None:
+        if config.signature is not None and not config.has_strings:
             raise refused  # (the first item settles an open signature's columns)
         _encode(engine, treedef, columns, refused)  # (refused if it cannot be stored)
         engine.define_storage(_storage.whole_items((), arena_bytes))

@@ -30,7 +30,7 @@ def arena_bytes_of(config) -> int:
     with open dimensions), else none."""
     chosen = getattr(config, "arena_bytes", None)
     if chosen is None:
-        chosen = DEFAULT_ARENA_BYTES if config.shapes_from_data else 0
+        chosen = DEFAULT_ARENA_BYTES if config.shapes_from_data or config.has_strings else 0
     return int(chosen) // L.ARENA_PAGE * L.ARENA_PAGE
 
 

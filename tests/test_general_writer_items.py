@@ -98,3 +98,28 @@ def test_a_checkpoint_keeps_them_as_written(buffer_name, tmp_path):
             shmreplay.Client(server.name) as client:
         got = [item[0] for item in _items(client, 2)]
         assert got[0].shape == (1,) and got[1].shape == (1, 4) and got[1].dtype == np.int16
+
+
+def test_sample_batch_pads_items_that_differ_only_in_length(buffer_name):
+    with shmreplay.Server([shmreplay.Table.queue("q", 20)], name=buffer_name) as server, \
+            shmreplay.Client(server.name) as client:
+        client.insert({"x": np.zeros(3, np.float32), "w": b"-"}, {"q": 1.0})  # the columns
+        client.sample_batch("q", 1, timeout=5)
+        with client.trajectory_writer(5) as writer:
+            for step in range(5):
+                writer.append({"x": np.full(2, step, np.float32), "w": f"s{step}"})
+            for length in (2, 5):
+                writer.create_item("q", 1.0, {"x": writer.history["x"][-length:],
+                                              "w": writer.history["w"][-length:]})
+        batch = client.sample_batch("q", 2, timeout=5)
+        assert batch.data["x"].shape == (2, 5, 2)
+        assert batch.lengths["x"].tolist() == [2, 5] and batch.lengths["w"].tolist() == [2, 5]
+        np.testing.assert_array_equal(batch.data["x"][0, :, 0], [3, 4, 0, 0, 0])
+        assert batch.data["w"][0].tolist() == [b"s3", b"s4", b"", b"", b""]
+        for size in (2, 3):  # a squeezed column has no time dimension: never padded
+            with client.trajectory_writer(2) as writer:
+                writer.append({"x": np.zeros(size, np.float32), "w": "a"})
+                writer.create_item("q", 1.0, {"x": writer.history["x"][-1],
+                                              "w": writer.history["w"][-1:]})
+        with pytest.raises(errors.SchemaError, match=r"column \['x'\].*\(2,\).*\(3,\)"):
+            client.sample_batch("q", 2, timeout=5)

@@ -17,8 +17,10 @@ def as_reverb(engine, batch, arena_rows, emit_timesteps: bool, unpack_as_table_s
     info = SampleInfo(*(_inputs.scalar(field[0]) for field in batch.info))
     if arena_rows:  # an item of another shape: its own leaves, as Reverb's view
         leaves = arena_rows[0][1]
-        if _item_forms.form_of(engine, int(batch.info.key[0])) == _item_forms.AS_WRITTEN:
-            timed = [True] * len(leaves)  # a writer's item: its columns as they were made
+        timed = _item_forms.timed_columns(_item_forms.form_of(engine, int(batch.info.key[0])),
+                                          len(leaves))
+        if timed is not None:  # a writer's item: its columns as they were made
+            timed = [True] * len(leaves)
         else:
             timed = _open_shapes.timed_leaves(engine, len(leaves))
         columns = [leaf if has_time else leaf[None] for leaf, has_time in zip(leaves, timed)]

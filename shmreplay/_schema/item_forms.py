@@ -37,8 +37,17 @@ from shmreplay import errors, specs
 WHOLE, SQUEEZED, ONE_STEP, SEQUENCE = range(4)
 _MAX_FLIPPED = 62
 # The form of a writer's item in the general store: its columns are as the writer made
-# them (a time dimension where not squeezed), where an inserted item is one timestep.
+# them, where an inserted item is one timestep; the low bits mark its squeezed columns
+# (no time dimension; the others have one).
 AS_WRITTEN = 1 << _MAX_FLIPPED
+
+
+def timed_columns(form: int, count: int):
+    """Per column of an ``AS_WRITTEN`` item, whether it has a time dimension; None for
+    another form."""
+    if not form & AS_WRITTEN:
+        return None
+    return [not (i < _MAX_FLIPPED and form >> i & 1) for i in range(count)]
 
 
 def column_kinds(engine):

@@ -76,7 +76,8 @@ def insert(engine, plan: GeneralPlan, columns, priority: float, timeout, episode
         raise
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     key = int(engine.commit(slots, np.array([priority], np.float64), deadline, timeout)[0])
-    _item_forms.record(engine, key, _item_forms.AS_WRITTEN)
+    squeezed = sum(1 << i for i, column in enumerate(columns[:62]) if column.squeeze)
+    _item_forms.record(engine, key, _item_forms.AS_WRITTEN | squeezed)
     return key
 
 

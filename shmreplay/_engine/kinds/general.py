@@ -14,10 +14,13 @@ import numpy as np
 
 from shmreplay import errors, specs
 from shmreplay._schema import general_codec as _codec
+from shmreplay._schema import item_forms as _item_forms
+from shmreplay._schema import open_shapes as _open_shapes
 from shmreplay._shm import layout as L
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.procs import STAMP as _STAMP
+from shmreplay.replay_sample import PaddedSample
 
 # ``Table(arena_bytes=...)`` unset, for a table without a signature.
 DEFAULT_ARENA_BYTES = 1 << 20
@@ -227,11 +230,12 @@ def restore(engine, slots, lengths, data):
 
 
 def stack(engine, batch, arena_rows):
-    """``batch`` with its arena items in place, stacked, if every item has the same
-    structure, dtypes and shapes.
+    """``batch`` with its arena items in place, stacked if every item has the same
+    structure, dtypes and shapes, or padded (a ``PaddedSample`` with each column's
+    lengths) where a column's items differ only in their first (time) dimension.
 
     Raises:
-      SchemaError: two items differ (naming the table, the column and both).
+      SchemaError: two items differ otherwise (naming the table, the column and both).
     """
     count = len(batch.info.key)
     fixed = specs.flatten(batch.data)[0]
@@ -249,19 +253,62 @@ def stack(engine, batch, arena_rows):
                 f"Table '{engine.name}': sample_batch cannot stack items of different "
                 f"structures ({_show(first_paths)} and {_show(paths)}); sample them with "
                 "Client.sample, or insert items of one structure into a table.")
-        for path, a, b in zip(paths, first_leaves, leaves):
-            if a.shape != b.shape or a.dtype != b.dtype:
-                raise errors.SchemaError(
-                    f"Table '{engine.name}', column {path}: sample_batch cannot stack "
-                    f"an item of shape {a.shape} and dtype {a.dtype} with one of shape "
-                    f"{b.shape} and dtype {b.dtype}; sample them with Client.sample, or "
-                    "insert items of one shape into a table.")
-    columns = [np.stack([leaves[i] for _, leaves, _ in rows]) for i in range(len(first_paths))]
+    timed = _timed_columns(engine, batch, arena_rows, count, len(first_paths))
+    columns, lengths = [], []
+    for i, path in enumerate(first_paths):
+        column = [leaves[i] for _, leaves, _ in rows]
+        columns.append(_stack_column(engine, path, column, lengths, timed[i]))
     if first_nest is None:
-        data = engine._unflatten(columns)
+        rebuild = engine._unflatten
     else:
-        data = _codec._rebuild(_codec.flatten(first_nest)[0], columns, [0], 0)
-    return type(batch)(batch.info, data)
+        structure = _codec.flatten(first_nest)[0]
+        rebuild = lambda leaves: _codec._rebuild(structure, list(leaves), [0], 0)  # noqa: E731
+    if not any(n is not None for n in lengths):
+        return type(batch)(batch.info, rebuild(columns))
+    padded = PaddedSample(batch.info, rebuild(columns))
+    padded.lengths = rebuild([np.ones(count, np.int64) if n is None else n for n in lengths])
+    return padded
+
+
+def _timed_columns(engine, batch, arena_rows, count: int, width: int):
+    """Per column, whether every item of the batch has a time dimension first there
+    (a writer's item, or a signature's column of any length, in the general store):
+    only such columns are padded."""
+    flags = [count == len(arena_rows)] * width
+    signature_timed = _open_shapes.timed_leaves(engine, width)
+    for key in batch.info.key.tolist():
+        timed = _item_forms.timed_columns(_item_forms.form_of(engine, int(key)), width)
+        flags = [f and (t if timed is not None else s)
+                 for f, t, s in zip(flags, timed or signature_timed, signature_timed)]
+    return flags
+
+
+def _stack_column(engine, path, items, lengths, timed: bool):
+    """One column of the batch: ``items`` stacked, or, where they have a time dimension
+    (``timed``) and differ only in its length, padded with zeros to the longest (its
+    lengths appended to ``lengths``; None there when stacked)."""
+    first = items[0]
+    if all(a.shape == first.shape and a.dtype == first.dtype for a in items):
+        lengths.append(None)
+        return np.stack(items)
+    for other in items:
+        if other.shape == first.shape and other.dtype == first.dtype:
+            continue
+        if not timed or other.dtype != first.dtype or other.ndim != first.ndim \
+                or other.shape[1:] != first.shape[1:]:
+            raise errors.SchemaError(
+                f"Table '{engine.name}', column {path}: sample_batch cannot stack an item "
+                f"of shape {first.shape} and dtype {first.dtype} with one of shape "
+                f"{other.shape} and dtype {other.dtype} (only items that differ in the "
+                "length of a time dimension are padded); sample them with Client.sample, "
+                "or insert items of one shape into a table.")
+    sizes = np.array([len(a) for a in items], np.int64)
+    out = np.full((len(items), int(sizes.max())) + first.shape[1:],
+                  b"" if first.dtype == object else 0, first.dtype)  # (strings: empty)
+    for row, item in enumerate(items):
+        out[row, :len(item)] = item
+    lengths.append(sizes)
+    return out
 
 
 def _show(paths):

@@ -1,5 +1,6 @@
 """``Table``: the configuration of one table, and a live handle once a Server owns it."""
 
+import functools
 import re
 from typing import Optional
 
@@ -119,14 +120,14 @@ class Table:
                     "after the first dimension would leave some open). Leave one out.")
         self._engine = None  # set by the Server that owns this table
 
-    @property
+    @functools.cached_property  # (the signature never changes)
     def has_strings(self) -> bool:
         """Whether the signature has a string column (``tf.string``): every item then
         goes to the table's general store, which such a table has by default."""
         return self.signature is not None and any(
             specs.is_string_dtype(spec.dtype) for spec in self.column_specs)
 
-    @property
+    @functools.cached_property
     def shapes_from_data(self) -> bool:
         """Whether the table's first item fixes the shapes its columns store: it has no
         signature, or one with a None after some first dimension (``reset`` forgets

@@ -343,7 +343,9 @@ def test_the_readme_example_takes_a_learners_float32_reward(buffer_name):
 
 
 def test_the_writers_name_structure_mismatches_in_words(buffer_name):
-    with shmreplay.Server([shmreplay.Table.queue("q", 10)], name=buffer_name) as server, \
+    # (no general store, which would take the trajectory's item of another structure)
+    table = shmreplay.Table.queue("q", 10, arena_bytes=0)
+    with shmreplay.Server([table], name=buffer_name) as server, \
             shmreplay.Client(server.name) as client:
         with client.writer(2) as writer:
             writer.append({"a": np.zeros(2), "b": np.int64(1)})

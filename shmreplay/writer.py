@@ -172,7 +172,9 @@ class Writer:
                         f"step), got Python {type(leaf).__name__} {leaf!r}: "
                         f"{specs.python_scalar_refusal(leaf, first.dtype)}.")
             else:
-                value = specs.step_value(np.array(leaf), f"Writer, column {path}")
+                value = np.array(leaf)
+                if value.dtype.kind not in "biufc":  # (strings: as objects; or refused)
+                    value = specs.step_value(value, f"Writer, column {path}")
             if value.dtype != first.dtype:
                 raise errors.SchemaError(
                     f"Writer, column {path}: expected dtype {first.dtype} (as the first "

@@ -94,7 +94,11 @@ def stop_while_copying_a_sample(name, table, ready, go, acks, count):
     # The engine binds its storage kind's gather when it maps the table.
     whole_items.WholeItems.gather = gather_then_stop
     client = shmreplay.Client(name)
-    client._engine(table)
+    engine = client._engine(table)
+    engine.has_columns()  # (mapped: its gather is the one above)
+    # The general path, which copies in Python after the draw (the one-call kernel of
+    # small batches draws and copies in native code, where nothing can stop it).
+    engine._results = None
     ready.set()
     go.wait(60)
     client.sample_batch(table, 4)

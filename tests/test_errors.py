@@ -442,8 +442,10 @@ def test_bad_table_configuration():
         shmreplay.Table.queue("t", 10, signature={"obs": "float32"})
     # (a None after the first dimension is open: the first item settles it)
     assert shmreplay.Table.queue("t", 10, signature={"obs": _spec_with_none()}).shapes_from_data
+    # (strings are a string column: test_string_signatures.py)
+    assert shmreplay.Table.queue("t", 10, signature=TensorSpec((2,), np.str_)).has_strings
     with pytest.raises(ValueError, match=all_of("'t'", "(?i)numeric")):
-        shmreplay.Table.queue("t", 10, signature=TensorSpec((2,), np.str_))
+        shmreplay.Table.queue("t", 10, signature=TensorSpec((2,), "datetime64[s]"))
     with pytest.raises(ValueError, match=all_of("(?i)priority_exponent", "-1")):
         selectors.Prioritized(-1)
 

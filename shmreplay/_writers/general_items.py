@@ -9,17 +9,13 @@ values) and stored whole, with its episode. Its steps are not shared with other 
 the general store is for the unusual item, the columns stay the fast path.
 """
 
-import time
-
-import numpy as np
-
 from shmreplay import errors, specs
 from shmreplay._engine.kinds import general as _general
-from shmreplay._engine.table_info import record_episode
 from shmreplay._schema import general_codec as _codec
 from shmreplay._schema import item_forms as _item_forms
 from shmreplay._schema import open_shapes as _open_shapes
 from shmreplay._schema import storage as _storage
+from shmreplay._writers import one_item as _one_item
 
 
 class GeneralPlan:
@@ -68,24 +64,15 @@ def insert(engine, plan: GeneralPlan, columns, priority: float, timeout, episode
     """
     blob = _encode(engine, plan.treedef, columns, plan.refused)
     slots = engine.arena.reserve([blob], timeout)
-    try:
-        engine.arena.write(slots, [blob])
-        record_episode(engine, int(slots[0]), episode)
-    except BaseException:
-        engine.cancel(slots)
-        raise
-    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    key = int(engine.commit(slots, np.array([priority], np.float64), deadline, timeout)[0])
     squeezed = sum(1 << i for i, column in enumerate(columns[:62]) if column.squeeze)
-    _item_forms.record(engine, key, _item_forms.AS_WRITTEN | squeezed)
-    return key
+    return _one_item.commit(engine, slots, lambda: engine.arena.write(slots, [blob]),
+                            priority, timeout, episode, _item_forms.AS_WRITTEN | squeezed)
 
 
 def _encode(engine, treedef, columns, refused) -> bytes:
     """The item's bytes: each column stacked from its steps (a squeezed one is its one
     step), in the signature's forms if the table has one."""
-    values = [column.refs[0].value if column.squeeze
-              else np.stack([ref.value for ref in column.refs]) for column in columns]
+    values = _one_item.stacked(columns)
     if engine.config.signature is not None:
         item = _open_shapes.signature_item(engine, values, treedef, False, refused)
     else:

@@ -21,6 +21,7 @@ from shmreplay import errors, specs
 from shmreplay._schema import inputs as _inputs
 from shmreplay._schema import item_forms as _item_forms
 from shmreplay._writers import general_items as _general_items
+from shmreplay._writers import one_item as _one_item
 from shmreplay._schema.item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
@@ -471,21 +472,9 @@ def check_priority(engine, priority) -> float:
 def _insert_whole(engine, columns, priority, timeout, form: int, episode):
     """An item for a table that stores whole items (its first item came from insert):
     the referenced steps are stacked into the item's columns (in the table's form)."""
-    arrays = []
-    for column, spec in zip(columns, engine.column_specs):
-        if column.squeeze:
-            array = column.refs[0].value
-        else:
-            array = np.stack([ref.value for ref in column.refs])
-        arrays.append(np.reshape(array, spec.shape))
+    arrays = [np.reshape(array, spec.shape)
+              for array, spec in zip(_one_item.stacked(columns), engine.column_specs)]
     slots, rows = engine.reserve_items(1, timeout, arrays)
-    try:
-        engine.write_items(slots, rows, arrays, False)
-        record_episode(engine, int(slots[0]), episode)
-    except BaseException:
-        engine.cancel(slots)
-        raise
-    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    key = int(engine.commit(slots, np.array([priority], np.float64), deadline, timeout)[0])
-    _item_forms.record(engine, key, form)
-    return key
+    return _one_item.commit(engine, slots,
+                            lambda: engine.write_items(slots, rows, arrays, False),
+                            priority, timeout, episode, form)

@@ -222,10 +222,12 @@ class ReplayBuffer:
 
     @property
     def capacity(self) -> int:
+        """The table's ``max_size``."""
         return self._engine.config.max_size
 
     @property
     def data_spec(self):
+        """The ``tf.TensorSpec`` nest of one item, from the table's signature."""
         dtypes, shapes = common.table_signature(self._address, self._table)
         return common.data_spec(dtypes, shapes)
 
@@ -234,6 +236,7 @@ class ReplayBuffer:
         return self._client.server_info()[self._table].current_size
 
     def get_table_info(self):
+        """The table's ``TableInfo`` now (``Client.server_info()[table]``)."""
         return self._client.server_info()[self._table]
 
     def as_dataset(self, sample_batch_size: Optional[int] = None, num_steps: Optional[int] = None,
@@ -320,4 +323,5 @@ class ReplayBuffer:
         self._client.reset(self._table)
 
     def close(self):
+        """Closes the buffer's client (the table is left as it is)."""
         self._client.close()

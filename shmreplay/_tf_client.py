@@ -121,6 +121,7 @@ class TFClient:
 
     @property
     def server_address(self) -> str:
+        """The address this client was made with."""
         return self._server_address
 
     def _connected(self):

@@ -359,6 +359,7 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
 
     @property
     def element_spec(self):
+        """The spec of one element: ``ReplaySample(info, data)`` of ``tf.TensorSpec``."""
         return self._dataset.element_spec
 
     def _as_variant_tensor(self):

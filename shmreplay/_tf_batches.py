@@ -33,7 +33,8 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     ``docs/learners.md`` for why a pair).
 
     Args:
-      server_address, table: As for the datasets.
+      server_address: As for the datasets: the buffer's name, or a ``Client``.
+      table: The table to sample.
       batch_size: Items per element; every element is full. None: one item per element
         (a ``TrajectoryDataset``).
       prefetch_size: Batches prepared ahead of the consumer (they count as sampled when

@@ -12,7 +12,7 @@ NOT_RUN = snippets.not_run()
 
 # The teaching pages: each must keep at least one runnable block.
 TEACHING = ["README.md", "index.md", "quickstart.md", "concepts.md", "guide.md", "writers.md",
-            "learners.md", "migrating-from-reverb.md", "security.md"]
+            "learners.md", "migrating-from-reverb.md", "security.md", "checkpoints.md"]
 
 
 @pytest.mark.slow

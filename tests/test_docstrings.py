@@ -9,6 +9,8 @@ counts too: the reference shows it as the module's introduction.
 
 import importlib
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +83,19 @@ def test_public_names_have_docstrings(module_name):
         pytest.importorskip(NEEDS[module_name])
     missing = _missing(module_name)
     assert not missing, "public names without a docstring:\n  " + "\n  ".join(missing)
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
+
+
+def test_the_api_reference_shows_every_public_module():
+    """Each public module has a ``::: module`` (or ``::: module.Name``) entry in the
+    site's API reference (docs/reference/), so a new public module cannot be left out."""
+    shown = {line.split()[1] for page in REFERENCE.glob("*.md")
+             for line in page.read_text().splitlines() if re.match(r"^::: \S", line)}
+    missing = [module for module in PUBLIC_MODULES + sorted(EXPLICIT)
+               if not any(name == module or name.startswith(module + ".") for name in shown)]
+    assert not missing, f"not in docs/reference/: {missing}"
 
 
 def test_the_check_sees_a_missing_docstring():

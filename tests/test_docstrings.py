@@ -85,7 +85,26 @@ def test_public_names_have_docstrings(module_name):
     assert not missing, "public names without a docstring:\n  " + "\n  ".join(missing)
 
 
-REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "docs" / "reference"
+
+
+def _modules_on_disk():
+    """Every module of the package whose path has no part starting with ``_``."""
+    found = set()
+    for path in (ROOT / "shmreplay").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if not any(part.startswith("_") for part in parts):
+            found.add(".".join(parts))
+    return found
+
+
+def test_every_public_module_is_checked():
+    """A new public module (``shmreplay/NAME.py``) must join PUBLIC_MODULES (or
+    EXPLICIT) above, and so the docstring check and the API reference."""
+    assert _modules_on_disk() == set(PUBLIC_MODULES) | set(EXPLICIT)
 
 
 def test_the_api_reference_shows_every_public_module():

@@ -1,5 +1,4 @@
-"""The operator's command line: ``shmreplay ls | info | top | verify | checkpoint | rm | gc
-| compile``.
+"""The operator's command line, ``shmreplay``: ls, info, top, verify, checkpoint, rm, gc, compile.
 
 Buffers are found by listing ``/dev/shm`` for header segments ``shmreplay.NAME``. A
 buffer whose owner process is gone (it was SIGKILLed, so it could not clean up) is

@@ -23,7 +23,7 @@ from shmreplay.replay_sample import PaddedSample, ReplaySample, SampleInfo, Tabl
 from shmreplay.specs import TensorSpec
 from shmreplay.table import Table
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: setup.cfg reads it (attr:)
 
 # Reverb's name for the base of its errors, so ``except reverb.ReverbError`` keeps working
 # after ``import shmreplay as reverb``.

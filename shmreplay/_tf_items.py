@@ -312,9 +312,10 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
       server_address: The buffer's name, or a ``Client`` (its name and ``trust_group``
         are used: the way to read a group member's shared buffer).
       table: The table to sample.
-      dtypes, shapes: Nests describing ``data`` (lists are read as tuples). Shapes are
-        the item's, time dimension included for sequence items; ``None`` for a table
-        of items of any length, whose items then come each at its own length.
+      dtypes: A nest describing ``data``'s dtypes (lists are read as tuples).
+      shapes: A nest like ``dtypes``: the item's shapes, time dimension included for
+        sequence items; ``None`` for a table of items of any length, whose items then
+        come each at its own length.
       max_in_flight_samples_per_worker: Items one worker takes per ``sample_batch``
         call (they count as sampled then). Reverb suggests 2-3x the batch size.
       num_workers_per_iterator: Parallel workers; -1 means 1, which keeps a FIFO
@@ -359,6 +360,7 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
 
     @property
     def element_spec(self):
+        """The spec of one element: ``ReplaySample(info, data)`` of ``tf.TensorSpec``."""
         return self._dataset.element_spec
 
     def _as_variant_tensor(self):

@@ -1,0 +1,325 @@
+"""The remote writers: steps and items are buffered on the caller's side and shipped in
+chunks of operations, each applied whole by the buffer-side actor (``service.py``).
+
+A chunk goes when ``chunk_items`` items wait, when ``max_chunk_steps`` steps wait, and
+at ``flush``, ``end_episode`` and ``close``. A chunk the rate limiter held up past the
+timeout stays applied but unacknowledged on the buffer side; the next send first
+resends it (same sequence number), so it is inserted once.
+"""
+
+import collections
+import math
+import uuid
+from typing import Optional
+
+import numpy as np
+
+from shmreplay import errors, specs
+from shmreplay._ray.errors import BufferServiceUnavailableError
+from shmreplay._ray.service import NEED_CONTEXT
+
+
+class RemoteColumn:
+    """An item's column: one field of the writer's history at some steps of the episode."""
+
+    __slots__ = ("keys", "steps", "squeeze")
+
+    def __init__(self, keys, steps, squeeze):
+        self.keys = keys
+        self.steps = steps
+        self.squeeze = squeeze
+
+    def __len__(self):
+        return len(self.steps)
+
+    def __getstate__(self):
+        return self.keys, self.steps, self.squeeze
+
+    def __setstate__(self, state):
+        self.keys, self.steps, self.squeeze = state
+
+    def __repr__(self):
+        return f"RemoteColumn({self.keys}, steps={self.steps}, squeeze={self.squeeze})"
+
+
+class _ColumnHistory:
+    """``writer.history[...]`` for one field: indexing gives a ``RemoteColumn``."""
+
+    def __init__(self, writer, keys):
+        self._writer = writer
+        self._keys = keys
+
+    def _step(self, index, length, oldest):
+        step = int(index) + length if index < 0 else int(index)
+        if step >= length or step < 0:
+            raise IndexError(f"history {self._keys}: index {index} out of range for "
+                             f"{length} steps.")
+        if step < oldest:
+            raise ValueError(f"history {self._keys}: step {step} is older than "
+                             f"num_keep_alive_refs ({self._writer._keep}).")
+        return step
+
+    def __len__(self):
+        return self._writer._steps
+
+    def __getitem__(self, index):
+        length = self._writer._steps
+        oldest = max(0, length - self._writer._keep)
+        if isinstance(index, (int, np.integer)):
+            return RemoteColumn(self._keys, [self._step(index, length, oldest)], True)
+        if isinstance(index, slice):
+            steps = list(range(*index.indices(length)))
+            if index.start is not None and index.start < -length:
+                raise ValueError(f"history {self._keys}: {index} reaches before the "
+                                 "episode's first step.")
+            return RemoteColumn(self._keys, [self._step(s, length, oldest) for s in steps],
+                                False)
+        if isinstance(index, (list, tuple, np.ndarray)):
+            return RemoteColumn(self._keys, [self._step(i, length, oldest) for i in index],
+                                False)
+        raise TypeError(f"history indices must be int, slice or list, not {index!r}.")
+
+
+def _copied(data):
+    """The step's arrays copied: the caller may reuse them before the chunk is sent."""
+    return specs.optree.tree_map(
+        lambda leaf: leaf.copy() if isinstance(leaf, np.ndarray) else leaf, data,
+        none_is_leaf=True)
+
+
+def _check_priority(priority):
+    value = float(priority)
+    if not (value >= 0.0 and math.isfinite(value)):
+        raise errors.InvalidPriorityError(
+            f"priority must be finite and >= 0, got {priority!r}.")
+    return value
+
+
+class _ChunkedWriter:
+    """What both remote writers share: the operation log and its shipping."""
+
+    _kind = None
+
+    def __init__(self, remote, keep, config, chunk_items, max_chunk_steps):
+        if chunk_items < 1 or max_chunk_steps < 1:
+            raise ValueError("chunk_items and max_chunk_steps must be >= 1.")
+        self._remote = remote
+        self._id = uuid.uuid4().hex
+        self._actor = remote._actor_for(self._id)
+        self._keep = keep
+        self._config = config
+        self._chunk_items = chunk_items
+        self._max_chunk_steps = max_chunk_steps
+        self._seq = 0
+        self._steps = 0                 # complete steps appended in this episode
+        self._kept = collections.deque(maxlen=keep)   # (step, data) of recent steps
+        self._ops = []
+        self._items = 0
+        self._chunk_first_step = 0
+        self._chunk_context = None      # the kept steps before the chunk's first step
+        self._unacked = None            # a chunk the rate limiter held up: resent first
+        self._closed = False
+
+    def _check_open(self):
+        if self._closed:
+            raise errors.ClosedError(f"{type(self).__name__} was closed.")
+
+    def _append(self, data):
+        if not self._ops:
+            self._chunk_first_step = self._steps
+            self._chunk_context = [value for _, value in self._kept]
+        data = _copied(data)
+        self._ops.append(("a", data))
+        self._kept.append((self._steps, data))
+        self._steps += 1
+        if self._steps - self._chunk_first_step >= self._max_chunk_steps:
+            self._send(False, None)
+
+    def _add_item(self, op):
+        if not self._ops:
+            self._chunk_first_step = self._steps
+            self._chunk_context = [value for _, value in self._kept]
+        self._ops.append(op)
+        self._items += 1
+        if self._items >= self._chunk_items:
+            self._send(False, None)
+
+    def _send(self, end_episode: bool, timeout: Optional[float]):
+        """Ships the operations waiting (and first any unacknowledged chunk)."""
+        if self._unacked is not None:
+            self._ship(self._unacked, timeout)
+            self._unacked = None
+        if not self._ops and not end_episode:
+            return
+        self._seq += 1
+        chunk = [self._seq, self._chunk_first_step, self._chunk_context, self._ops,
+                 end_episode]
+        self._ops, self._items, self._chunk_context = [], 0, None
+        if end_episode:
+            self._steps = 0
+            self._kept.clear()
+        try:
+            self._ship(chunk, timeout)
+        except (errors.DeadlineExceededError, BufferServiceUnavailableError):
+            # Applied and waiting for the rate limiter, or unknown (the buffer side was
+            # unreachable): resent first next time, and applied at most once.
+            self._unacked = chunk
+            raise
+        # Any other error was raised by the chunk's own operations (bad data, a table
+        # that does not exist): the chunk is dropped; the items before the operation
+        # that failed may be in the buffer, as with a local writer.
+
+    def _ship(self, chunk, timeout):
+        seq, first_step, context, ops, end_episode = chunk
+        result = self._remote._call(self._actor, "apply_chunk", self._id, seq, self._kind,
+                                    self._config, first_step, None, ops, end_episode,
+                                    timeout)
+        if result == NEED_CONTEXT:  # a new or restarted buffer-side actor
+            self._remote._call(self._actor, "apply_chunk", self._id, seq, self._kind,
+                               self._config, first_step, context or [], ops, end_episode,
+                               timeout)
+
+    def _close(self, ship_last: bool):
+        if self._closed:
+            return
+        try:
+            if ship_last:
+                self._send(True, None)
+        finally:
+            self._closed = True
+            self._ops = []
+            self._kept.clear()
+            try:
+                self._remote._call(self._actor, "close_writer", self._id)
+            except Exception:  # the buffer side is gone: nothing to release there
+                pass
+
+    @property
+    def num_pending_items(self) -> int:
+        """Items created here and not yet shipped."""
+        return self._items
+
+
+class RemoteTrajectoryWriter(_ChunkedWriter):
+    """``TrajectoryWriter``'s calls, from any Ray task or actor (``RemoteClient``).
+
+    ``append`` takes whole steps (``partial_step`` is not supported remotely);
+    ``history[field][...]`` and ``create_item`` work as locally, within the last
+    ``num_keep_alive_refs`` steps. ``end_episode`` always clears the history.
+    """
+
+    _kind = "trajectory"
+
+    def __init__(self, remote, num_keep_alive_refs: int, chunk_items: int = 64,
+                 max_chunk_steps: int = 1024):
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs must be >= 1, got {num_keep_alive_refs}.")
+        super().__init__(remote, int(num_keep_alive_refs),
+                         {"num_keep_alive_refs": int(num_keep_alive_refs)},
+                         chunk_items, max_chunk_steps)
+        self._history = None
+        self._treedef = None
+
+    def append(self, data, *, partial_step: bool = False):
+        self._check_open()
+        if partial_step:
+            raise NotImplementedError("shmreplay.ray: partial_step is not supported by the "
+                                      "remote writer; append whole steps.")
+        treedef = specs.optree.tree_structure(data, none_is_leaf=True)
+        if treedef != self._treedef:
+            self._treedef = treedef
+            paths = specs.optree.tree_paths(data, none_is_leaf=True)
+            self._history = specs.optree.tree_unflatten(
+                treedef, [_ColumnHistory(self, tuple(path)) for path in paths])
+        self._append(data)
+
+    @property
+    def history(self):
+        if self._history is None:
+            raise RuntimeError("history is not available before the first append.")
+        return self._history
+
+    @property
+    def episode_steps(self) -> int:
+        return self._steps
+
+    def create_item(self, table: str, priority: float, trajectory):
+        self._check_open()
+        leaves = specs.optree.tree_leaves(trajectory, none_is_leaf=True)
+        if not leaves:
+            raise ValueError("create_item: the trajectory is empty.")
+        for leaf in leaves:
+            if not isinstance(leaf, RemoteColumn):
+                raise TypeError("create_item: every leaf of the trajectory must be a column "
+                                f"of this writer's history, got {type(leaf).__name__}.")
+            if not leaf.steps:
+                raise ValueError("create_item: a column is empty.")
+        self._add_item(("i", table, _check_priority(priority), trajectory))
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None):
+        """Ships what waits and waits until the buffer took it (all of it: the remote
+        writer has no partial flush)."""
+        self._check_open()
+        self._send(False, None if timeout_ms is None else timeout_ms / 1000.0)
+
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None):
+        self._check_open()
+        self._send(True, None if timeout_ms is None else timeout_ms / 1000.0)
+
+    def close(self):
+        """Closes the writer; items not shipped yet are dropped (``flush`` first)."""
+        self._close(False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None and not self._closed:
+            self.flush()
+        self.close()
+
+
+class RemoteWriter(_ChunkedWriter):
+    """Reverb's legacy ``Writer`` calls (``append``, ``create_item(table, n, priority)``,
+    ``flush``, ``close``), from any Ray task or actor."""
+
+    _kind = "writer"
+
+    def __init__(self, remote, max_sequence_length: int, chunk_items: int = 64,
+                 max_chunk_steps: int = 1024):
+        if max_sequence_length < 1:
+            raise ValueError(f"max_sequence_length must be >= 1, got {max_sequence_length}.")
+        super().__init__(remote, int(max_sequence_length),
+                         {"max_sequence_length": int(max_sequence_length)},
+                         chunk_items, max_chunk_steps)
+
+    def append(self, data):
+        self._check_open()
+        self._append(data)
+
+    def create_item(self, table: str, num_timesteps: int, priority: float):
+        self._check_open()
+        if int(num_timesteps) != num_timesteps or not 1 <= num_timesteps <= self._keep:
+            raise ValueError(f"num_timesteps must be an integer in 1 .. "
+                             f"max_sequence_length ({self._keep}), got {num_timesteps!r}.")
+        if num_timesteps > self._steps:
+            raise ValueError(f"num_timesteps ({num_timesteps}) is more than the "
+                             f"{self._steps} step(s) appended.")
+        self._add_item(("i", table, int(num_timesteps), _check_priority(priority)))
+
+    def flush(self, timeout: Optional[float] = None):
+        self._check_open()
+        self._send(False, timeout)
+
+    def close(self, retry_on_unavailable: bool = True, timeout: Optional[float] = None):
+        """Ships what waits, then closes (the episode ends)."""
+        if self._closed:
+            raise ValueError("Writer is already closed.")
+        self._close(True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._closed:
+            self.close()

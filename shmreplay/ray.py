@@ -18,7 +18,8 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
 
 from shmreplay._ray.errors import BufferServiceUnavailableError
 from shmreplay._ray.remote import BufferService, RemoteClient
-from shmreplay._ray.writers import RemoteColumn, RemoteTrajectoryWriter, RemoteWriter
+from shmreplay._ray.column import RemoteColumn
+from shmreplay._ray.writers import RemoteTrajectoryWriter, RemoteWriter
 
 __all__ = ["BufferService", "BufferServiceUnavailableError", "RemoteClient", "RemoteColumn",
            "RemoteTrajectoryWriter", "RemoteWriter"]

@@ -126,6 +126,11 @@ class Setup:
             service.stop()
         self.client.close()
         self.server.stop()
+        assert not os.path.exists(_ledger(self.server.name)), "the ledger was left behind"
+
+
+def _ledger(name):
+    return f"/dev/shm/shmreplay-ray-ledger.{name}"
 
 
 @pytest.fixture
@@ -296,3 +301,18 @@ def test_a_clear_error_while_the_buffer_is_gone(cluster, setup, buffer_name):
             "insert", {"x": np.float32(2)}, {"q": 1.0}, 0.3), timeout=60)
     assert isinstance(error, errors.BufferNotReadyError), error
     assert buffer_name + "-none" in str(error)
+    assert not os.path.exists(_ledger(buffer_name + "-none"))
+
+
+def test_the_docs_page_runs(cluster):
+    """Every ```python block of docs/beyond-one-machine.md, in order, on this cluster."""
+    import re
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs",
+                        "beyond-one-machine.md")
+    with open(path) as file:
+        blocks = re.findall(r"```python\n(.*?)```", file.read(), re.S)
+    assert blocks
+    namespace = {"__name__": "beyond_one_machine_docs"}
+    for block in blocks:
+        exec(compile(block, path, "exec"), namespace)
+    assert not os.path.exists(_ledger("ray-docs"))

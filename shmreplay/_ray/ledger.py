@@ -3,8 +3,9 @@ result returned for it), kept so that a retried chunk is answered, not applied a
 
 It lives in memory and, so that it outlives a restart of the buffer-side actor, in one
 small file per writer on the buffer's node (replaced atomically, written after the
-chunk's items were committed). The directory is the Ray session's (removed with the
-session), falling back to the temporary directory.
+chunk's items were committed), in ``/dev/shm/shmreplay-ray-ledger.<buffer>/`` (a
+memory file system: about 0.1 ms a chunk, where a disk's /tmp took 2 ms here).
+``BufferService.stop`` removes it.
 """
 
 import os
@@ -14,14 +15,7 @@ import threading
 
 
 def _base_directory():
-    try:  # the session directory: Ray removes it when the cluster stops
-        import ray._private.worker as worker
-        node = worker._global_node
-        if node is not None:
-            return node.get_session_dir_path()
-    except Exception:  # a private API: fall back quietly
-        pass
-    return tempfile.gettempdir()
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 class Ledger:
@@ -29,7 +23,7 @@ class Ledger:
 
     def __init__(self, buffer_name: str, directory=None):
         self.directory = os.path.join(directory or _base_directory(),
-                                      "shmreplay-ray-ledger", buffer_name)
+                                      f"shmreplay-ray-ledger.{buffer_name}")
         os.makedirs(self.directory, exist_ok=True)
         self._memory = {}
         self._lock = threading.Lock()

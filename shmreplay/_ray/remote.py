@@ -31,13 +31,17 @@ class BufferService:
         attaches to the buffer again by name; the buffer is not affected.
       retry_timeout: Seconds a remote call keeps retrying while its actor is dead or
         restarting, before ``BufferServiceUnavailableError``.
+      start_timeout: Seconds to wait for the actors to start.
+      ledger_directory: Where the ledger of applied chunks lives on the buffer's node
+        (default ``/dev/shm``); ``stop()`` removes it.
 
     Call ``stop()`` (or use ``with``) before the buffer's owner stops the buffer.
     """
 
     def __init__(self, buffer, *, num_actors: int = 1, node_id: Optional[str] = None,
                  max_concurrency: int = 16, max_restarts: int = -1,
-                 retry_timeout: float = 60.0, start_timeout: float = 120.0):
+                 retry_timeout: float = 60.0, start_timeout: float = 120.0,
+                 ledger_directory: Optional[str] = None):
         self.buffer_name = getattr(buffer, "name", buffer)
         if not isinstance(self.buffer_name, str):
             raise TypeError(f"buffer must be a name or a Server, got {buffer!r}.")
@@ -49,7 +53,8 @@ class BufferService:
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
             num_cpus=0, max_restarts=max_restarts, max_task_retries=0,
             max_concurrency=max_concurrency)
-        self.actors = [_RemoteBufferActor.options(**options).remote(self.buffer_name)
+        self.actors = [_RemoteBufferActor.options(**options).remote(self.buffer_name,
+                                                                     ledger_directory)
                        for _ in range(num_actors)]
         try:
             ray.get([actor.ping.remote() for actor in self.actors], timeout=start_timeout)

@@ -13,6 +13,7 @@ import threading
 from typing import Optional
 
 from shmreplay import client as _client, specs
+from shmreplay._ray.column import RemoteColumn
 from shmreplay._ray.ledger import Ledger
 
 NEED_CONTEXT = "need-context"
@@ -144,8 +145,14 @@ class BufferActor:
                     _, table, priority, trajectory = op
                     history = writer.history
                     end = state.next_step
-                    writer.create_item(table, priority, specs.optree.tree_map(
-                        lambda column: _resolve(history, column, end), trajectory))
+                    if type(trajectory) is dict and all(
+                            type(column) is RemoteColumn for column in trajectory.values()):
+                        local = {key: _resolve(history, column, end)
+                                 for key, column in trajectory.items()}
+                    else:
+                        local = specs.optree.tree_map(
+                            lambda column: _resolve(history, column, end), trajectory)
+                    writer.create_item(table, priority, local)
                 else:
                     _, table, num_timesteps, priority = op
                     writer.create_item(table, num_timesteps, priority)

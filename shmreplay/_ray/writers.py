@@ -15,31 +15,12 @@ from typing import Optional
 import numpy as np
 
 from shmreplay import errors, specs
+from shmreplay._ray.column import RemoteColumn
 from shmreplay._ray.errors import BufferServiceUnavailableError
 from shmreplay._ray.service import NEED_CONTEXT
 
 
-class RemoteColumn:
-    """An item's column: one field of the writer's history at some steps of the episode."""
-
-    __slots__ = ("keys", "steps", "squeeze")
-
-    def __init__(self, keys, steps, squeeze):
-        self.keys = keys
-        self.steps = steps
-        self.squeeze = squeeze
-
-    def __len__(self):
-        return len(self.steps)
-
-    def __getstate__(self):
-        return self.keys, self.steps, self.squeeze
-
-    def __setstate__(self, state):
-        self.keys, self.steps, self.squeeze = state
-
-    def __repr__(self):
-        return f"RemoteColumn({self.keys}, steps={self.steps}, squeeze={self.squeeze})"
+_NESTS = (dict, list, tuple, collections.OrderedDict, collections.defaultdict)
 
 
 class _ColumnHistory:
@@ -82,6 +63,18 @@ class _ColumnHistory:
 
 def _copied(data):
     """The step's arrays copied: the caller may reuse them before the chunk is sent."""
+    if type(data) is dict:   # the usual flat step: no tree walk
+        copy = {}
+        for key, leaf in data.items():
+            kind = type(leaf)
+            if kind is np.ndarray:
+                copy[key] = leaf.copy()
+            elif kind in _NESTS:
+                break
+            else:
+                copy[key] = leaf
+        else:
+            return copy
     return specs.optree.tree_map(
         lambda leaf: leaf.copy() if isinstance(leaf, np.ndarray) else leaf, data,
         none_is_leaf=True)
@@ -219,13 +212,22 @@ class RemoteTrajectoryWriter(_ChunkedWriter):
                          chunk_items, max_chunk_steps)
         self._history = None
         self._treedef = None
+        self._flat_keys = None      # the keys of a flat dict step, the usual case
 
     def append(self, data, *, partial_step: bool = False):
         self._check_open()
         if partial_step:
             raise NotImplementedError("shmreplay.ray: partial_step is not supported by the "
                                       "remote writer; append whole steps.")
+        if type(data) is dict and self._flat_keys is not None \
+                and len(data) == len(self._flat_keys) and all(
+                    key in data and type(data[key]) not in _NESTS for key in self._flat_keys):
+            self._append(data)      # the usual step: the same flat dict as before
+            return
         treedef = specs.optree.tree_structure(data, none_is_leaf=True)
+        self._flat_keys = None
+        if type(data) is dict and all(type(leaf) not in _NESTS for leaf in data.values()):
+            self._flat_keys = frozenset(data)
         if treedef != self._treedef:
             self._treedef = treedef
             paths = specs.optree.tree_paths(data, none_is_leaf=True)
@@ -245,7 +247,12 @@ class RemoteTrajectoryWriter(_ChunkedWriter):
 
     def create_item(self, table: str, priority: float, trajectory):
         self._check_open()
-        leaves = specs.optree.tree_leaves(trajectory, none_is_leaf=True)
+        if type(trajectory) is dict:
+            leaves = list(trajectory.values())
+            if not all(type(leaf) is RemoteColumn for leaf in leaves):
+                leaves = specs.optree.tree_leaves(trajectory, none_is_leaf=True)
+        else:
+            leaves = specs.optree.tree_leaves(trajectory, none_is_leaf=True)
         if not leaves:
             raise ValueError("create_item: the trajectory is empty.")
         for leaf in leaves:

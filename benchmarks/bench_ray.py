@@ -83,6 +83,21 @@ def _local_rate(name, seconds):
     return count / (time.perf_counter() - start)
 
 
+def _local_writer_rate(name, seconds):
+    client = shmreplay.Client(name)
+    count, end = 0, time.perf_counter() + seconds
+    start = time.perf_counter()
+    with client.trajectory_writer(1) as writer:
+        while time.perf_counter() < end:
+            writer.append(_step(count))
+            history = writer.history
+            writer.create_item("replay", 1.0, {key: history[key][-1]
+                                               for key in ("obs", "action", "reward")})
+            count += 1
+    client.close()
+    return count / (time.perf_counter() - start)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -104,6 +119,7 @@ def main():
                 shmreplay.ray.BufferService(server) as service:
             rates = results["items_per_s"]
             rates["local Client.insert"] = _local_rate(server.name, args.seconds)
+            rates["local trajectory_writer"] = _local_writer_rate(server.name, args.seconds)
             actor = Actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 other, soft=False)).remote(service.client())
             runs = [("remote insert", actor.insert, ())]
@@ -115,7 +131,8 @@ def main():
                 count, elapsed = ray.get(method.remote(args.seconds, *extra), timeout=300)
                 rates[label] = count / elapsed
                 print(f"{label:45s} {rates[label]:12,.0f} items/s", flush=True)
-            print(f"{'local Client.insert':45s} {rates['local Client.insert']:12,.0f} items/s")
+            for label in ("local Client.insert", "local trajectory_writer"):
+                print(f"{label:45s} {rates[label]:12,.0f} items/s")
             ray.kill(actor)
     finally:
         ray.shutdown()

@@ -218,6 +218,13 @@ def test_back_pressure_times_out_and_chunks_go_once(cluster, setup):
     assert s.client.sample_batch("q", 2, timeout=5).data["x"].tolist() == [10, 11]
     writer.close()
     assert s.client.server_info()["q"].num_inserted == 4
+    # A full chunk is in flight while the next is built: its error comes at the next send.
+    writer = s.remote.trajectory_writer(1, chunk_items=1)
+    writer.append({"x": np.float32(0)})
+    writer.create_item("no-such-table", 1.0, {"x": writer.history["x"][-1]})
+    with pytest.raises(errors.TableNotFoundError):
+        writer.flush()
+    writer.close()
 
 
 def test_sender_killed_mid_send_leaves_no_partial_item(cluster, setup):

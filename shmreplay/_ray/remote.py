@@ -146,6 +146,23 @@ class RemoteClient:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
+    def _submit(self, actor, method: str, *args):
+        """Starts a call without waiting; ``_result`` waits for it."""
+        return getattr(actor, method).remote(*args)
+
+    def _result(self, ref, actor, method: str, *args):
+        """The result of a ``_submit``: if the actor died meanwhile, the call is made
+        again (and retried) with the same arguments, hence the same (writer id, seq)."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, BaseException):
+                raise cause from None
+            raise
+        except ray.exceptions.RayActorError:
+            return self._call(actor, method, *args)
+
     def _exactly_once(self, method: str, *args):
         sender = self._sender()
         sender[1] += 1

@@ -2,7 +2,10 @@
 chunks of operations, each applied whole by the buffer-side actor (``service.py``).
 
 A chunk goes when ``chunk_items`` items wait, when ``max_chunk_steps`` steps wait, and
-at ``flush``, ``end_episode`` and ``close``. A chunk the rate limiter held up past the
+at ``flush``, ``end_episode`` and ``close``. A full chunk is not waited for: the next
+one is built meanwhile, and sent once the first is applied (one chunk in flight per
+writer, so the buffer's side applies them in order; an error of a chunk in flight is
+raised by the writer's next send). A chunk the rate limiter held up past the
 timeout stays applied but unacknowledged on the buffer side; the next send first
 resends it (same sequence number), so it is inserted once.
 """
@@ -111,6 +114,7 @@ class _ChunkedWriter:
         self._chunk_first_step = 0
         self._chunk_context = None      # the kept steps before the chunk's first step
         self._unacked = None            # a chunk the rate limiter held up: resent first
+        self._in_flight = None          # (chunk, Ray reference) of a chunk not waited for
         self._closed = False
 
     def _check_open(self):
@@ -126,7 +130,7 @@ class _ChunkedWriter:
         self._kept.append((self._steps, data))
         self._steps += 1
         if self._steps - self._chunk_first_step >= self._max_chunk_steps:
-            self._send(False, None)
+            self._send(False, None, wait=False)
 
     def _add_item(self, op):
         if not self._ops:
@@ -135,22 +139,29 @@ class _ChunkedWriter:
         self._ops.append(op)
         self._items += 1
         if self._items >= self._chunk_items:
-            self._send(False, None)
+            self._send(False, None, wait=False)
 
-    def _send(self, end_episode: bool, timeout: Optional[float]):
-        """Ships the operations waiting (and first any unacknowledged chunk)."""
+    def _send(self, end_episode: bool, timeout: Optional[float], wait: bool = True):
+        """Ships the operations waiting, after the chunk in flight is settled and any
+        unacknowledged chunk resent. ``wait=False`` (a full chunk) leaves it in flight:
+        the caller builds the next chunk while the buffer's side applies this one."""
+        self._settle()
         if self._unacked is not None:
             self._ship(self._unacked, timeout)
             self._unacked = None
         if not self._ops and not end_episode:
             return
         self._seq += 1
-        chunk = [self._seq, self._chunk_first_step, self._chunk_context, self._ops,
-                 end_episode]
+        chunk = (self._seq, self._chunk_first_step, self._chunk_context, self._ops,
+                 end_episode)
         self._ops, self._items, self._chunk_context = [], 0, None
         if end_episode:
             self._steps = 0
             self._kept.clear()
+        if not wait:
+            self._in_flight = (chunk, self._remote._submit(
+                self._actor, "apply_chunk", *self._arguments(chunk, None, None)))
+            return
         try:
             self._ship(chunk, timeout)
         except (errors.DeadlineExceededError, BufferServiceUnavailableError):
@@ -162,15 +173,33 @@ class _ChunkedWriter:
         # that does not exist): the chunk is dropped; the items before the operation
         # that failed may be in the buffer, as with a local writer.
 
+    def _arguments(self, chunk, context, timeout):
+        seq, first_step, _, ops, end_episode = chunk
+        return (self._id, seq, self._kind, self._config, first_step, context, ops,
+                end_episode, timeout)
+
+    def _settle(self):
+        """Waits for the chunk in flight; its errors are raised here (one call late)."""
+        if self._in_flight is None:
+            return
+        chunk, ref = self._in_flight
+        self._in_flight = None
+        try:
+            result = self._remote._result(ref, self._actor, "apply_chunk",
+                                          *self._arguments(chunk, None, None))
+            if result == NEED_CONTEXT:
+                self._remote._call(self._actor, "apply_chunk",
+                                   *self._arguments(chunk, chunk[2] or [], None))
+        except BufferServiceUnavailableError:
+            self._unacked = chunk
+            raise
+
     def _ship(self, chunk, timeout):
-        seq, first_step, context, ops, end_episode = chunk
-        result = self._remote._call(self._actor, "apply_chunk", self._id, seq, self._kind,
-                                    self._config, first_step, None, ops, end_episode,
-                                    timeout)
+        result = self._remote._call(self._actor, "apply_chunk",
+                                    *self._arguments(chunk, None, timeout))
         if result == NEED_CONTEXT:  # a new or restarted buffer-side actor
-            self._remote._call(self._actor, "apply_chunk", self._id, seq, self._kind,
-                               self._config, first_step, context or [], ops, end_episode,
-                               timeout)
+            self._remote._call(self._actor, "apply_chunk",
+                               *self._arguments(chunk, chunk[2] or [], timeout))
 
     def _close(self, ship_last: bool):
         if self._closed:
@@ -178,6 +207,8 @@ class _ChunkedWriter:
         try:
             if ship_last:
                 self._send(True, None)
+            else:
+                self._settle()
         finally:
             self._closed = True
             self._ops = []

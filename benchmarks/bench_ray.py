@@ -72,6 +72,43 @@ class Actor:
         return count, time.perf_counter() - start
 
 
+FRAME = (84, 84, 4)   # an Atari observation stack, uint8: 28,224 bytes
+
+
+@ray.remote(num_cpus=0)
+class Sink:
+    """On the buffer's node: takes a payload and drops it (what Ray alone carries)."""
+
+    def take(self, data):
+        return None
+
+
+@ray.remote(num_cpus=0)
+class FrameActor:
+    def __init__(self, remote, sink):
+        self.remote, self.sink = remote, sink
+
+    def frames(self, seconds, batch):
+        data = {"frame": np.random.default_rng(0).integers(0, 255, (batch,) + FRAME,
+                                                           dtype=np.uint8)}
+        count, end = 0, time.perf_counter() + seconds
+        start = time.perf_counter()
+        while time.perf_counter() < end:
+            self.remote.insert_batch(data, {"frames": 1.0})
+            count += batch
+        return count, time.perf_counter() - start
+
+    def bound(self, seconds, batch):
+        data = {"frame": np.random.default_rng(0).integers(0, 255, (batch,) + FRAME,
+                                                           dtype=np.uint8)}
+        count, end = 0, time.perf_counter() + seconds
+        start = time.perf_counter()
+        while time.perf_counter() < end:
+            ray.get(self.sink.take.remote(data))
+            count += batch
+        return count, time.perf_counter() - start
+
+
 def _local_rate(name, seconds):
     client = shmreplay.Client(name)
     count, end = 0, time.perf_counter() + seconds
@@ -115,7 +152,10 @@ def main():
         table = shmreplay.Table("replay", shmreplay.selectors.Uniform(),
                                 shmreplay.selectors.Fifo(), 1_000_000,
                                 shmreplay.rate_limiters.MinSize(1))
-        with shmreplay.Server([table], name=f"ray-bench-{os.getpid()}") as server, \
+        frames = shmreplay.Table("frames", shmreplay.selectors.Uniform(),
+                                 shmreplay.selectors.Fifo(), 1_000,
+                                 shmreplay.rate_limiters.MinSize(1))
+        with shmreplay.Server([table, frames], name=f"ray-bench-{os.getpid()}") as server, \
                 shmreplay.ray.BufferService(server) as service:
             rates = results["items_per_s"]
             rates["local Client.insert"] = _local_rate(server.name, args.seconds)
@@ -134,6 +174,22 @@ def main():
             for label in ("local Client.insert", "local trajectory_writer"):
                 print(f"{label:45s} {rates[label]:12,.0f} items/s")
             ray.kill(actor)
+            sink = Sink.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                here, soft=False)).remote()
+            framer = FrameActor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                other, soft=False)).remote(service.client(), sink)
+            frame_mb = np.prod(FRAME) / 1e6
+            results["frames_mb_per_s"] = megabytes = {}
+            for batch in (8, 64):
+                for label, method in ((f"remote insert_batch of frames B={batch}",
+                                       framer.frames),
+                                      (f"Ray alone, same payload B={batch}", framer.bound)):
+                    count, elapsed = ray.get(method.remote(args.seconds, batch), timeout=300)
+                    megabytes[label] = count * frame_mb / elapsed
+                    print(f"{label:45s} {count / elapsed:12,.0f} frames/s "
+                          f"{megabytes[label]:8,.0f} MB/s", flush=True)
+            ray.kill(framer)
+            ray.kill(sink)
     finally:
         ray.shutdown()
         nodes.shutdown()

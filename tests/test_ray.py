@@ -239,8 +239,15 @@ def test_sender_killed_mid_send_leaves_no_partial_item(cluster, setup):
     ray.kill(sender, no_restart=True)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(running, timeout=60)
-    time.sleep(1.0)    # a chunk that arrived is applied whole by the buffer's side
-    size = s.client.server_info()["traj"].current_size
+    # A chunk that arrived is applied whole by the buffer's side: wait until it is done
+    # (the size holds still for half a second).
+    size, deadline = -1, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        before = s.client.server_info()["traj"].current_size
+        time.sleep(0.5)
+        size = s.client.server_info()["traj"].current_size
+        if size == before:
+            break
     assert size % chunk == 0, f"{size} items: a chunk was cut"
     traj = _drain(s.client, "traj")
     for x, i in zip(traj.data["x"], traj.data["i"]):

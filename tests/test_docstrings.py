@@ -24,9 +24,10 @@ PUBLIC_MODULES = [
     "shmreplay.replay_sample", "shmreplay.writer", "shmreplay.trajectory_writer",
     "shmreplay.structured_writer", "shmreplay.checkpointers", "shmreplay.platform",
     "shmreplay.platform.checkpointers_lib", "shmreplay.cli", "shmreplay.tf", "shmreplay.jax",
+    "shmreplay.ray",
 ]
 EXPLICIT = {"shmreplay.specs": ["TensorSpec"]}
-NEEDS = {"shmreplay.tf": "tensorflow", "shmreplay.jax": "jax"}
+NEEDS = {"shmreplay.tf": "tensorflow", "shmreplay.jax": "jax", "shmreplay.ray": "ray"}
 
 
 def _public_names(module):

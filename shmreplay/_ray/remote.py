@@ -111,6 +111,7 @@ class RemoteClient:
 
     @property
     def server_address(self) -> str:
+        """The buffer's name."""
         return self._name
 
     def _actor_for(self, writer_id: str):
@@ -196,12 +197,15 @@ class RemoteClient:
                           pad_to)
 
     def mutate_priorities(self, table: str, updates=None, deletes=None):
+        """As ``Client.mutate_priorities`` (idempotent: a retry changes nothing more)."""
         return self._call(self._sender()[2], "mutate_priorities", table, updates, deletes)
 
     def update_priorities(self, table: str, keys, priorities):
+        """As ``Client.update_priorities``: how many keys were found and updated."""
         return self._call(self._sender()[2], "update_priorities", table, keys, priorities)
 
     def server_info(self, timeout: Optional[float] = None):
+        """As ``Client.server_info``: ``{table name: TableInfo}``."""
         return self._call(self._sender()[2], "server_info", timeout)
 
     def close(self):

@@ -246,6 +246,12 @@ class RemoteTrajectoryWriter(_ChunkedWriter):
         self._flat_keys = None      # the keys of a flat dict step, the usual case
 
     def append(self, data, *, partial_step: bool = False):
+        """Appends one whole step (a nest of arrays or scalars, copied here).
+
+        Raises:
+          NotImplementedError: ``partial_step=True``.
+          ClosedError: the writer was closed.
+        """
         self._check_open()
         if partial_step:
             raise NotImplementedError("shmreplay.ray: partial_step is not supported by the "
@@ -268,15 +274,29 @@ class RemoteTrajectoryWriter(_ChunkedWriter):
 
     @property
     def history(self):
+        """The appended steps' structure, each field indexable as locally (``int``,
+        ``slice``, ``list``) within the last ``num_keep_alive_refs`` steps; gives
+        ``RemoteColumn``s for ``create_item``."""
         if self._history is None:
             raise RuntimeError("history is not available before the first append.")
         return self._history
 
     @property
     def episode_steps(self) -> int:
+        """Steps appended since the last ``end_episode``."""
         return self._steps
 
     def create_item(self, table: str, priority: float, trajectory):
+        """Records an item over columns of ``history``; it is shipped with its chunk.
+
+        Errors about the table or the data come from the buffer's side, raised by the
+        call that ships the chunk (or the next one: a full chunk is not waited for).
+
+        Raises:
+          TypeError: a leaf is not a column of this writer's history.
+          ValueError: an empty trajectory or column.
+          InvalidPriorityError: a negative, NaN or infinite priority.
+        """
         self._check_open()
         if type(trajectory) is dict:
             leaves = list(trajectory.values())
@@ -301,6 +321,14 @@ class RemoteTrajectoryWriter(_ChunkedWriter):
         self._send(False, None if timeout_ms is None else timeout_ms / 1000.0)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None):
+        """Ships what waits, ends the episode on the buffer's side and clears the history
+        (whatever ``clear_buffers`` says).
+
+        Raises:
+          DeadlineExceededError: ``timeout_ms`` passed while the rate limiter held the
+            items up; the episode ends here, and on the buffer's side once the chunk,
+            resent by the next call, is through.
+        """
         self._check_open()
         self._send(True, None if timeout_ms is None else timeout_ms / 1000.0)
 
@@ -332,10 +360,18 @@ class RemoteWriter(_ChunkedWriter):
                          chunk_items, max_chunk_steps)
 
     def append(self, data):
+        """Appends one step (a nest of arrays or scalars, copied here)."""
         self._check_open()
         self._append(data)
 
     def create_item(self, table: str, num_timesteps: int, priority: float):
+        """Records an item of the last ``num_timesteps`` steps; shipped with its chunk.
+
+        Raises:
+          ValueError: ``num_timesteps`` out of 1 .. ``max_sequence_length`` or more than
+            the steps appended.
+          InvalidPriorityError: a negative, NaN or infinite priority.
+        """
         self._check_open()
         if int(num_timesteps) != num_timesteps or not 1 <= num_timesteps <= self._keep:
             raise ValueError(f"num_timesteps must be an integer in 1 .. "
@@ -346,6 +382,12 @@ class RemoteWriter(_ChunkedWriter):
         self._add_item(("i", table, int(num_timesteps), _check_priority(priority)))
 
     def flush(self, timeout: Optional[float] = None):
+        """Ships what waits and waits until the buffer took it.
+
+        Raises:
+          DeadlineExceededError: ``timeout`` (seconds) passed first; the chunk is
+            resent by the next call and inserted once.
+        """
         self._check_open()
         self._send(False, timeout)
 

@@ -1,7 +1,8 @@
 """The ``TrajectoryWriter``'s two short paths, for what actors do at every step.
 
-* ``_WholeSteps``: while every step is a whole flat dict of the same fields, ``append``
-  checks and copies it field by field, without flattening it.
+* ``_WholeSteps``: while every step is a whole nest of the same fields (read by its
+  structure's plan, ``_schema.nest_plans``), ``append`` checks and copies it field by
+  field, without flattening it.
 * ``_UsualItem``: a writer's usual item for a table (a flat dict of ``[-n:]`` windows
   over the same steps) is recognised from its keys and inserted without flattening or
   planning it again.
@@ -20,14 +21,14 @@ PY_DTYPES = {bool: np.bool_, int: np.int64, float: np.float64}
 
 
 class _WholeSteps:
-    """The writer's fields while every step is a whole flat dict of all of them (the
-    usual actor): ``append`` checks and copies such a step field by field, and pushes
-    it onto the columns, without flattening it or looking fields up by path."""
+    """The writer's fields while every step is a whole nest of all of them (the usual
+    actor): ``append`` checks and copies such a step field by field, and pushes it onto
+    the columns, without flattening it or looking fields up by path."""
 
-    __slots__ = ("keys", "paths", "columns", "firsts")
+    __slots__ = ("plan", "paths", "columns", "firsts")
 
-    def __init__(self, keys, paths, columns, firsts):
-        self.keys = keys          # the dict's keys, in flattening order
+    def __init__(self, plan, paths, columns, firsts):
+        self.plan = plan          # the steps' nest plan: data -> leaves, or None
         self.paths = paths        # per key, the field's path
         self.columns = columns    # per key, its _ColumnHistory
         self.firsts = firsts      # per key, the field's first value (dtype and shape)
@@ -51,33 +52,28 @@ class _WholeSteps:
                 if column.span > column.keep:
                     column.expire(old)
 
-    def convert(self, data):
+    def convert(self, leaves):
         """The step's values (arrays copied, Python scalars as the general path converts
-        them), or None if a key is missing or a value is not a numpy array or scalar, or a
-        Python scalar, of the field's dtype and shape (the general path then converts, or
-        explains)."""
+        them), or None if a value is not a numpy array or scalar, or a Python scalar, of
+        the field's dtype and shape (the general path then converts, or explains)."""
         values = []
-        try:
-            for key, first in zip(self.keys, self.firsts):
-                leaf = data[key]
-                kind = type(leaf)
-                if kind is np.ndarray:
-                    if leaf.shape != first.shape or not (
-                            leaf.dtype is first.dtype or leaf.dtype == first.dtype):
-                        return None
-                    values.append(leaf.copy())  # the caller may reuse its array
-                elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
-                      and leaf.dtype == first.dtype):
-                    values.append(leaf)  # immutable: kept as is
-                elif kind in PY_DTYPES and first.shape == ():
-                    value = np.asarray(leaf, PY_DTYPES[kind])
-                    if value.dtype != first.dtype:
-                        return None
-                    values.append(value)
-                else:
+        for leaf, first in zip(leaves, self.firsts):
+            kind = type(leaf)
+            if kind is np.ndarray:
+                if leaf.shape != first.shape or not (
+                        leaf.dtype is first.dtype or leaf.dtype == first.dtype):
                     return None
-        except KeyError:
-            return None
+                values.append(leaf.copy())  # the caller may reuse its array
+            elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
+                  and leaf.dtype == first.dtype):
+                values.append(leaf)  # immutable: kept as is
+            elif kind in PY_DTYPES and first.shape == ():
+                value = np.asarray(leaf, PY_DTYPES[kind])
+                if value.dtype != first.dtype:
+                    return None
+                values.append(value)
+            else:
+                return None
         return values
 
 

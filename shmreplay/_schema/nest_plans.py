@@ -1,0 +1,134 @@
+"""Flattening plans: a nest's leaves read by code made for its structure.
+
+``optree.tree_flatten`` walks any nest, and then the caller still has to compare the
+treedef with the one it expects. A plan is made once per structure (container types,
+dict keys, namedtuple class, list and tuple lengths) and does both at once: it returns
+the leaves, in optree's order, of data of exactly that structure, and None for anything
+else. The insert fast path (``fast_leaves``) and both writers' ``append`` use plans, so
+a nest of any of these shapes costs about what a flat dict does.
+
+A plan checks containers only: whatever sits where the structure has a leaf is returned
+as a leaf (the callers check leaves themselves, and refuse containers there).
+"""
+
+import optree
+
+_K = optree.PyTreeKind
+_SEQUENCES = {_K.TUPLE: tuple, _K.LIST: list}
+_MAX_PLANS = 16  # per cache; more structures than this are flattened as before
+
+# Counts of plans made and used, for tests that a nest takes the fast path.
+stats = {"made": 0}
+
+
+def plan_for(treedef):
+    """A function ``data -> leaves or None`` for nests of ``treedef``'s structure, or
+    None when it has nodes a plan does not read (None, OrderedDict, defaultdict, deque,
+    structseq, registered custom nodes): such data is flattened as before."""
+    lines = []
+    names = {"K": [], "T": []}
+    try:
+        leaves = _emit(treedef, "d", lines, names, [0])
+    except _Unplannable:
+        return None
+    source = ["def plan(d):", "    try:"]
+    source += ["        " + line for line in lines]
+    source.append(f"        return [{', '.join(leaves)}]")
+    source += ["    except (KeyError, TypeError):", "        return None"]
+    namespace = {"K": tuple(names["K"]), "T": tuple(names["T"]),
+                 "tuple": tuple, "list": list, "dict": dict}
+    exec("\n".join(source), namespace)  # noqa: S102 - code made here, from a treedef
+    stats["made"] += 1
+    return namespace["plan"]
+
+
+class _Unplannable(Exception):
+    pass
+
+
+def _emit(node, var, lines, names, counter):
+    """Appends the checks of ``node`` (held in ``var``) to ``lines``; returns its leaves'
+    expressions in optree's order."""
+    kind = node.kind
+    if kind == _K.LEAF:
+        return [var]
+    children = node.children()
+    if kind == _K.DICT:
+        lines.append(f"if type({var}) is not dict or len({var}) != {len(children)}: return None")
+        parts = []
+        for key in optree.treespec_entries(node):
+            names["K"].append(key)
+            parts.append(f"{var}[K[{len(names['K']) - 1}]]")
+    elif kind in _SEQUENCES:
+        name = _SEQUENCES[kind].__name__
+        lines.append(f"if type({var}) is not {name} or len({var}) != {len(children)}: "
+                     "return None")
+        parts = [f"{var}[{i}]" for i in range(len(children))]
+    elif kind == _K.NAMEDTUPLE:
+        names["T"].append(node.type)  # (the exact class: its length comes with it)
+        lines.append(f"if type({var}) is not T[{len(names['T']) - 1}]: return None")
+        parts = [f"{var}[{i}]" for i in range(len(children))]
+    else:
+        raise _Unplannable(kind)
+    leaves = []
+    for child, part in zip(children, parts):
+        if child.kind == _K.LEAF:
+            leaves.append(part)
+            continue
+        counter[0] += 1
+        child_var = f"v{counter[0]}"
+        lines.append(f"{child_var} = {part}")
+        leaves += _emit(child, child_var, lines, names, counter)
+    return leaves
+
+
+def checked_plan(data, leaves, treedef):
+    """``plan_for(treedef)`` if it reads ``data`` (which flattened to ``leaves``,
+    ``treedef``) as optree did, else None."""
+    plan = plan_for(treedef)
+    if plan is None:
+        return None
+    got = plan(data)
+    if got is None or len(got) != len(leaves) or any(a is not b for a, b in zip(got, leaves)):
+        return None
+    return plan
+
+
+class PlanCache:
+    """Plans by the type of the nest's root, each with what the owner decided about
+    its structure (``accept(treedef, leaves)``, asked once per structure)."""
+
+    __slots__ = ("by_type", "refused", "count")
+
+    def __init__(self):
+        self.by_type = {}     # root type -> [(plan, verdict)]
+        self.refused = set()  # treedefs without a plan (or too many plans)
+        self.count = 0
+
+    def find(self, data):
+        """``(leaves, verdict)`` for data of a known structure, else None."""
+        entries = self.by_type.get(type(data))
+        if entries is not None:
+            for plan, verdict in entries:
+                leaves = plan(data)
+                if leaves is not None:
+                    return leaves, verdict
+        return None
+
+    def learn(self, data, verdict_of):
+        """Flattens ``data`` and remembers a plan for its structure with
+        ``verdict_of(treedef, leaves)``; returns ``(leaves, verdict)``, or None when no
+        plan can read it (its verdict is then not asked)."""
+        leaves, treedef = optree.tree_flatten(data, none_is_leaf=False)
+        if treedef in self.refused:
+            return None
+        plan = checked_plan(data, leaves, treedef) if self.count < _MAX_PLANS else None
+        if plan is None:
+            if len(self.refused) > 256:
+                self.refused.clear()
+            self.refused.add(treedef)
+            return None
+        verdict = verdict_of(treedef, leaves)
+        self.by_type.setdefault(type(data), []).append((plan, verdict))
+        self.count += 1
+        return leaves, verdict

@@ -74,7 +74,7 @@ class TrajectoryWriter:
         self._whole_steps = None      # _WholeSteps while steps are whole nests of every field
         self._history = None          # the cached `history` nest
         self._item_layouts = {}       # a flat dict trajectory's keys -> (keys, treedef, paths)
-        self._usual_items = {}        # (table, flat dict trajectory's keys) -> _UsualItem
+        self._usual_items = {}        # (table, trajectory's type) -> [_UsualItem]
         self._open = None             # the open step's {path: ref} (after a partial append)
         self._tables = {}             # engine name -> _writing.TableRows
         self._pending = _pending.PendingItems()
@@ -298,10 +298,10 @@ class TrajectoryWriter:
         """
         if self._closed:
             raise errors.ClosedError("TrajectoryWriter was closed.")
-        if type(trajectory) is dict and not self._pending:
-            usual = self._usual_items.get((table, tuple(trajectory)))
-            if usual is not None and usual.insert(trajectory, priority):
-                return
+        if not self._pending:
+            for usual in self._usual_items.get((table, type(trajectory)), ()):
+                if usual.insert(trajectory, priority):
+                    return
         known = self._item_layouts.get(tuple(trajectory)) if type(trajectory) is dict else None
         leaves = None
         keys = None
@@ -340,7 +340,7 @@ class TrajectoryWriter:
                 if not first.expired and first.episode == episode == last.episode:
                     source = first.path
                     column_refs.append(refs)
-                    shape.append((source, len(refs), False))
+                    shape.append((source, len(refs), leaf._squeeze))
                     ends = (first.uid, last.uid)
                     if uids is None:
                         uids = [ref.uid for ref in refs]
@@ -373,13 +373,12 @@ class TrajectoryWriter:
         rows = self._tables.get(table) or self._rows(table)
         prio = _writing.check_priority(rows.engine, priority)
         plan = rows.plans.get((treedef, tuple(shape)))
+        if plan is not None and window_ends is not False and not self._pending:
+            self._learn_usual_item(table, trajectory, leaves, treedef, rows, plan)
         if plan is not None and plan.uniform and uids and not self._pending:
             # The usual item (planned before, every column over the same steps, nothing
             # waiting ahead of it) goes in without making its ItemColumns, if the rate
             # limiter admits it now; otherwise it waits like any other (below).
-            if window_ends and keys is not None and len({n for _, n, _ in shape}) == 1:
-                self._usual_items[(table, tuple(trajectory))] = _UsualItem(
-                    keys, [source for source, _, _ in shape], len(uids), rows, plan)
             try:
                 _writing.insert_uniform_refs(rows, plan, column_refs, uids, prio, 0.0)
                 return
@@ -390,6 +389,23 @@ class TrajectoryWriter:
         if plan is None:
             plan = _writing.plan_item(rows, treedef, columns, paths, (treedef, tuple(shape)))
         self._pending.add(rows, plan, columns, prio, uids or None)
+
+    def _learn_usual_item(self, table, trajectory, leaves, treedef, rows, plan):
+        """Remembers the usual item (``_UsualItem``) of ``trajectory``'s shape, which
+        was planned before, so that the next such items skip this path."""
+        key = (table, type(trajectory))
+        generation = rows.engine.layout_gen
+        usual = [item for item in self._usual_items.get(key, ())
+                 if item.plan.generation == generation]  # (not those of a forgotten layout)
+        self._usual_items[key] = usual
+        columns = _UsualItem.pattern(leaves)
+        if len(usual) >= 8 or any(item.plan is plan and item.columns == columns
+                                  for item in usual):
+            return
+        nest_plan = _nest_plans.checked_plan(trajectory, leaves, treedef)
+        item = None if nest_plan is None else _UsualItem.of(nest_plan, columns, rows, plan)
+        if item is not None:
+            usual.append(item)
 
     def _rows(self, table: str):
         rows = self._tables.get(table)

@@ -26,10 +26,10 @@ Targets: each form within 1.15x of the flat dict in every row; squeezed, mixed a
 n-step items within 1.2x of the window item. Timing: ``_common.time_interleaved`` (the
 forms of one row interleaved, median of repeats, GC off).
 
-``--code PATH`` imports shmreplay from PATH (an A/B against another checkout: run the
-script once per checkout, in alternation, with ``--tag``).
+``SHMREPLAY_BENCH_CODE=PATH`` imports shmreplay from the checkout at PATH (an A/B against
+another checkout: run the script once per checkout, in alternation, with ``--tag``).
 
-Usage:  python benchmarks/bench_nests.py [--quick] [--code PATH] [--tag TAG]
+Usage:  python benchmarks/bench_nests.py [--quick] [--tag TAG]
 Writes: benchmarks/results/nests[-TAG]-<date>.{json,md}
 """
 
@@ -174,8 +174,6 @@ def table_names():
 
 
 def run(args):
-    if args.code:
-        sys.path.insert(0, os.path.abspath(args.code))
     shm, why = C.load_shmreplay()
     if shm is None:
         raise SystemExit(why)
@@ -239,7 +237,6 @@ def run(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="few short repeats (a smoke run)")
-    p.add_argument("--code", default=None, help="import shmreplay from this checkout")
     p.add_argument("--tag", default="", help="a name for this run's result files")
     p.add_argument("--prefix", default="bench-nests", help="shared-memory name prefix")
     p.add_argument("--seed", type=int, default=0)

@@ -30,7 +30,7 @@ forms of one row interleaved, median of repeats, GC off).
 another checkout: run the script once per checkout, in alternation, with ``--tag``).
 
 Usage:  python benchmarks/bench_nests.py [--quick] [--tag TAG]
-Writes: benchmarks/results/nests[-TAG]-<date>.{json,md}
+Writes: benchmarks/results/nests-<date>[-TAG].{json,md} (quick: nests-quick[-TAG])
 """
 
 import argparse
@@ -227,8 +227,8 @@ def run(args):
                "config": {"capacity": CAPACITY, "forms": FORMS, "n_step": N_STEP,
                           "timing": timing, "seed": args.seed},
                "results_us": results, "summary": summary}
-    stem = "nests" + (f"-{args.tag}" if args.tag else "") + (
-        "-quick" if args.quick else f"-{datetime.date.today().isoformat()}")
+    stem = ("nests-quick" if args.quick else f"nests-{datetime.date.today().isoformat()}") + (
+        f"-{args.tag}" if args.tag else "")
     paths = C.write_results(stem, payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
     return 0

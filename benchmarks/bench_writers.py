@@ -75,7 +75,9 @@ Targets (the issue): under 20 µs per step for small transitions with all three 
 patterns; within 2x of the raw numpy copy for frames.
 
 Usage:  python benchmarks/bench_writers.py [--quick] [--libs ...] [--reverb-python PATH]
-Writes: benchmarks/results/writers-<date>.{json,md} (quick: writers-quick.{json,md})
+                                          [--tag TAG] [--prefix NAME]
+Writes: benchmarks/results/writers-<date>.{json,md} (quick: writers-quick.{json,md};
+        with --tag: writers-TAG[-quick])
 """
 
 import argparse
@@ -927,8 +929,8 @@ def run(args):
                "reverb": reverb if reverb else {"measured": False, "note": reverb_note,
                                                 "issue_figure_us": ISSUE_REVERB_US},
                "targets": targets, "summary": target_lines, "errors": errors}
-    stem = "writers" + (f"-{args.tag}" if args.tag else "") + (
-        "-quick" if args.quick else f"-{info['date'][:10]}")
+    stem = "writers" + (f"-{args.tag}" if args.tag else "" if args.quick
+                        else f"-{info['date'][:10]}") + ("-quick" if args.quick else "")
     paths = C.write_results(stem, payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
     # Only this script's segments: other processes (a test run) may hold bench-* ones.

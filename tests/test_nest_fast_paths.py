@@ -12,6 +12,9 @@ typed errors.
 
 import collections
 import contextlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -137,6 +140,22 @@ def test_insert_takes_the_fast_path(kind, general_inserts):
             _assert_same(item, _form(kind, _step(i)), one_step=True)
 
 
+@pytest.mark.parametrize("kind", ["list", "namedtuple", "nested_dict"])
+def test_python_scalars_and_0d_arrays_as_leaves(kind, general_inserts):
+    """Leaves may be Python scalars, 0-d arrays and numpy scalars, as on the flat path."""
+    with serve(_queue()) as client:
+        client.insert(_form(kind, _step(0)), {"q": 1.0})
+        before = len(general_inserts)
+        step = _step(1)
+        step["rew"], step["done"] = 0.5, np.array(True)  # a Python float, a 0-d array
+        client.insert(_form(kind, step), {"q": 1.0})
+        assert len(general_inserts) == before
+        _, got = [s.data for s in sample_nests(client, "q", emit_timesteps=False,
+                                                num_samples=2)]
+        step["rew"], step["done"] = np.float32(0.5), np.bool_(True)
+        _assert_same(got, _form(kind, step), one_step=True)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_insert_batch_takes_the_fast_path(kind, general_inserts):
     with serve(_queue()) as client:
@@ -175,12 +194,52 @@ def test_a_namedtuple_class_of_the_same_name_and_fields_is_the_same_structure(ge
         assert not general_inserts[1:]
 
 
+_SCRIPT = """
+import collections, sys
+import numpy as np
+import shmreplay
+
+Transition = collections.namedtuple("Transition", "obs act rew next_obs done")  # __main__'s
+general = []
+original = shmreplay.Client._insert
+shmreplay.Client._insert = lambda self, *a, **k: general.append(1) or original(self, *a, **k)
+with shmreplay.Client(sys.argv[1]) as client:
+    for i in range(5):
+        client.insert(Transition(np.full(4, i, np.float32), np.full(2, i, np.int32),
+                                 np.float32(i), np.zeros(4, np.float32), np.bool_(False)),
+                      {"q": 1.0})
+print(len(general))
+"""
+
+
+def test_a_spawned_scripts_namedtuple_takes_the_fast_path(tmp_path):
+    """A script's ``__main__`` namedtuple, inserted into a table this process's class
+    defined, takes the fast path (matched by name and fields)."""
+    script = tmp_path / "actor.py"
+    script.write_text(_SCRIPT)
+    # The learner's script defines it in its own ``__main__`` too (the table's copy of it
+    # then travels by value).
+    Learners = collections.namedtuple("Transition", Transition._fields, module="__main__")
+    with shmreplay.Server(tables=[_queue()], name=_names.unique()) as server:
+        with shmreplay.Client(server.name) as client:
+            client.insert(Learners(**_step(0)), {"q": 1.0})
+            root = os.path.dirname(os.path.dirname(os.path.abspath(shmreplay.__file__)))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                filter(None, [root, os.environ.get("PYTHONPATH")])))
+            out = subprocess.run([sys.executable, str(script), server.name],
+                                 capture_output=True, text=True, timeout=120, env=env)
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.split()[-1] == "0"  # no insert took the general path
+            assert client.server_info()["q"].current_size == 6
+
+
 @pytest.mark.parametrize("kind", ["list", "namedtuple", "nested_dict"])
-def test_mismatches_still_get_the_general_paths_errors(kind):
+def test_mismatches_still_get_the_general_paths_errors(kind, general_inserts):
     with serve(_queue(arena_bytes=0)) as client:  # (no general store to take them)
         client.insert(_form(kind, _step(0)), {"q": 1.0})
         for i in range(3):  # (plans made and used before the mismatches)
             client.insert(_form(kind, _step(i)), {"q": 1.0})
+        assert len(general_inserts) == 1
         bad = _step(1)
         bad["obs"] = bad["obs"].astype(np.float64)
         with pytest.raises(errors.SchemaError, match="obs|\\[0\\]"):
@@ -322,10 +381,10 @@ def test_trajectory_writer_items_take_the_fast_path(kind, flattens, pending_adds
             _assert_same(item, want(t))
 
 
-def test_n_step_items_share_their_steps_and_survive_eviction():
-    """n-step items over a small table: the rows a step went to are reused by later
-    items, and a step whose row was freed is written again (each item still reads the
-    right values)."""
+def test_n_step_items_share_their_steps_and_survive_eviction(pending_adds):
+    """n-step items over a small table, on the fast path: the rows a step went to are
+    reused by later items, and a step whose row was freed is written again (each item
+    still reads the right values)."""
     n = 2
     make, want = _items("n_step", n)
     table = shmreplay.Table("q", sampler=shmreplay.selectors.Uniform(),
@@ -344,16 +403,18 @@ def test_n_step_items_share_their_steps_and_survive_eviction():
             if t == 20:
                 writer.end_episode()
         writer.close()
+        assert len(pending_adds) <= 4  # (the first items of each episode only)
 
 
-def test_items_over_an_episode_boundary_are_still_refused():
+def test_items_over_an_episode_boundary_are_still_refused(pending_adds):
     with serve(_queue()) as client:
         writer = client.trajectory_writer(3)
-        for t in range(4):
+        for t in range(6):
             writer.append(_step(t))
             if t >= 1:
                 writer.create_item("q", 1.0, {"obs": writer.history["obs"][-2],
                                               "next": writer.history["obs"][-1]})
+        assert len(pending_adds) <= 2  # the later ones took the fast path
         obs = writer.history["obs"][-1]
         writer.end_episode(clear_buffers=False)
         writer.append(_step(9))

@@ -23,7 +23,7 @@ from shmreplay._writers import writing as _writing
 from shmreplay._writers.history import (TrajectoryColumn, _AbsentColumn, _build_history,
                                         check_value, _ColumnHistory, _merge_structure,
                                         _named_path)
-from shmreplay._writers.trajectory_shortcuts import PY_DTYPES, _UsualItem, _WholeSteps
+from shmreplay._writers.trajectory_shortcuts import PY_DTYPES, _WholeSteps, learn_usual_item
 
 _CONTAINERS = (dict, list, tuple, type(None))  # not leaves (None: a skipped field)
 
@@ -374,7 +374,7 @@ class TrajectoryWriter:
         prio = _writing.check_priority(rows.engine, priority)
         plan = rows.plans.get((treedef, tuple(shape)))
         if plan is not None and window_ends is not False and not self._pending:
-            self._learn_usual_item(table, trajectory, leaves, treedef, rows, plan)
+            learn_usual_item(self._usual_items, table, trajectory, leaves, treedef, rows, plan)
         if plan is not None and plan.uniform and uids and not self._pending:
             # The usual item (planned before, every column over the same steps, nothing
             # waiting ahead of it) goes in without making its ItemColumns, if the rate
@@ -389,23 +389,6 @@ class TrajectoryWriter:
         if plan is None:
             plan = _writing.plan_item(rows, treedef, columns, paths, (treedef, tuple(shape)))
         self._pending.add(rows, plan, columns, prio, uids or None)
-
-    def _learn_usual_item(self, table, trajectory, leaves, treedef, rows, plan):
-        """Remembers the usual item (``_UsualItem``) of ``trajectory``'s shape, which
-        was planned before, so that the next such items skip this path."""
-        key = (table, type(trajectory))
-        generation = rows.engine.layout_gen
-        usual = [item for item in self._usual_items.get(key, ())
-                 if item.plan.generation == generation]  # (not those of a forgotten layout)
-        self._usual_items[key] = usual
-        columns = _UsualItem.pattern(leaves)
-        if len(usual) >= 8 or any(item.plan is plan and item.columns == columns
-                                  for item in usual):
-            return
-        nest_plan = _nest_plans.checked_plan(trajectory, leaves, treedef)
-        item = None if nest_plan is None else _UsualItem.of(nest_plan, columns, rows, plan)
-        if item is not None:
-            usual.append(item)
 
     def _rows(self, table: str):
         rows = self._tables.get(table)

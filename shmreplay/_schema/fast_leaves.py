@@ -7,6 +7,8 @@ flattening plan, ``nest_plans``).
 takes the general path (``_inputs``), which converts, validates and explains.
 """
 
+import functools
+
 import numpy as np
 
 from shmreplay import specs
@@ -138,3 +140,14 @@ def flat_access(treedef):
     if treedef.kind == specs.optree.PyTreeKind.TUPLE:
         return False
     return None
+
+
+def unflattener(flat_keys, treedef):
+    """``leaves -> nest`` for a table's columns: a dict built directly for a flat dict
+    nest (``flat_keys``), the structure's generated builder for other nests
+    (``nest_plans.builder_for``), optree otherwise."""
+    if flat_keys:
+        return lambda leaves: dict(zip(flat_keys, leaves))
+    build = _plans.builder_for(treedef)
+    return build if build is not None else functools.partial(specs.optree.tree_unflatten,
+                                                             treedef)

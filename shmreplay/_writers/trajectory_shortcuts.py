@@ -14,6 +14,7 @@ checks everything and explains what is wrong.
 import numpy as np
 
 from shmreplay import errors
+from shmreplay._schema import nest_plans as _nest_plans
 from shmreplay._shm import layout as L
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._shm.procs import STAMP as _STAMP
@@ -231,3 +232,22 @@ class _UsualItem:
             raise
         return _writing._commit(engine, slot, priority, entries, remember, self.plan.form,
                                 rows.episode_base + episode, 0.0)
+
+
+def learn_usual_item(usual_items, table, trajectory, leaves, treedef, rows, plan):
+    """Remembers in ``usual_items`` (``(table, trajectory type) -> [_UsualItem]``) the
+    usual item of ``trajectory``'s shape (its columns ``leaves``, all history windows,
+    planned before with ``plan``), so that the next such items skip the general path."""
+    key = (table, type(trajectory))
+    generation = rows.engine.layout_gen
+    usual = [item for item in usual_items.get(key, ())
+             if item.plan.generation == generation]  # (not those of a forgotten layout)
+    usual_items[key] = usual
+    columns = _UsualItem.pattern(leaves)
+    if len(usual) >= 8 or any(item.plan is plan and item.columns == columns
+                              for item in usual):
+        return
+    nest_plan = _nest_plans.checked_plan(trajectory, leaves, treedef)
+    item = None if nest_plan is None else _UsualItem.of(nest_plan, columns, rows, plan)
+    if item is not None:
+        usual.append(item)

@@ -12,6 +12,7 @@ typed errors.
 
 import collections
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -261,6 +262,23 @@ def test_mismatches_still_get_the_general_paths_errors(kind, general_inserts):
         with pytest.raises(errors.MissingValueError):
             client.insert(missing, {"q": 1.0})
         assert client.server_info()["q"].current_size == 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampled_nests_are_built_without_optree(kind):
+    """A table of any nest structure rebuilds sampled nests with generated code
+    (``nest_plans.builder_for``), which builds what optree would: types, dict key order."""
+    with serve(_queue()) as client:
+        client.insert(_form(kind, _step(0)), {"q": 1.0})
+        engine = client._engine("q")
+        assert not isinstance(engine._unflatten, functools.partial)  # (optree's)
+        got = client.sample_batch("q", 1).data
+        leaves, treedef = specs.flatten(_form(kind, _step(0)))
+        want = specs.optree.tree_unflatten(treedef, [np.asarray(x)[None] for x in leaves])
+        assert specs.optree.tree_structure(got) == treedef
+        assert repr(specs.optree.tree_map(lambda x: 0, got)) == repr(
+            specs.optree.tree_map(lambda x: 0, want))  # (dict keys in the same order)
+        _assert_same(got, want)
 
 
 # --- the legacy Writer ----------------------------------------------------------------------

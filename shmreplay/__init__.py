@@ -23,7 +23,7 @@ from shmreplay.replay_sample import PaddedSample, ReplaySample, SampleInfo, Tabl
 from shmreplay.specs import TensorSpec
 from shmreplay.table import Table
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: setup.cfg reads it (attr:)
 
 # Reverb's name for the base of its errors, so ``except reverb.ReverbError`` keeps working
 # after ``import shmreplay as reverb``.
@@ -39,6 +39,7 @@ _LAZY = {
     "TrajectoryWriter": "shmreplay.trajectory_writer",
     "Writer": "shmreplay.writer",
     "checkpointers": None,
+    "platform": None,
     "structured_writer": None,
     "warm_up": "shmreplay._ops.warmup",
     "TFClient": "shmreplay.tf",
@@ -68,6 +69,6 @@ def __dir__():
 __all__ = [
     "Client", "DeadlineExceededError", "PaddedSample", "ReplaySample", "ReverbError", "SampleInfo", "Server",
     "ShmReplayError", "Table", "TableInfo", "TensorSpec", "TrajectoryColumn",
-    "TrajectoryWriter", "Writer", "checkpointers", "errors", "rate_limiters", "selectors",
-    "warm_up",
+    "TrajectoryWriter", "Writer", "checkpointers", "errors", "platform", "rate_limiters",
+    "selectors", "warm_up",
 ]

@@ -33,7 +33,8 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     ``docs/learners.md`` for why a pair).
 
     Args:
-      server_address, table: As for the datasets.
+      server_address: As for the datasets: the buffer's name, or a ``Client``.
+      table: The table to sample.
       batch_size: Items per element; every element is full. None: one item per element
         (a ``TrajectoryDataset``).
       prefetch_size: Batches prepared ahead of the consumer (they count as sampled when
@@ -222,10 +223,12 @@ class ReplayBuffer:
 
     @property
     def capacity(self) -> int:
+        """The table's ``max_size``."""
         return self._engine.config.max_size
 
     @property
     def data_spec(self):
+        """The ``tf.TensorSpec`` nest of one item, from the table's signature."""
         dtypes, shapes = common.table_signature(self._address, self._table)
         return common.data_spec(dtypes, shapes)
 
@@ -234,6 +237,7 @@ class ReplayBuffer:
         return self._client.server_info()[self._table].current_size
 
     def get_table_info(self):
+        """The table's ``TableInfo`` now (``Client.server_info()[table]``)."""
         return self._client.server_info()[self._table]
 
     def as_dataset(self, sample_batch_size: Optional[int] = None, num_steps: Optional[int] = None,
@@ -320,4 +324,5 @@ class ReplayBuffer:
         self._client.reset(self._table)
 
     def close(self):
+        """Closes the buffer's client (the table is left as it is)."""
         self._client.close()

@@ -121,6 +121,7 @@ class TFClient:
 
     @property
     def server_address(self) -> str:
+        """The address this client was made with."""
         return self._server_address
 
     def _connected(self):
@@ -213,7 +214,8 @@ class TFClient:
             ``data_dtypes`` says (or, eagerly, a tensor of another dtype).
           tf.errors.InternalError: in a graph, a tensor of another dtype than
             ``data_dtypes`` says (as Reverb's op; shmreplay's message is logged).
-          Either way nothing is sampled.
+
+        Either way nothing is sampled.
         """
         flat_dtypes = [tf.as_dtype(dtype) for dtype in tf.nest.flatten(data_dtypes)]
         if tf.executing_eagerly():

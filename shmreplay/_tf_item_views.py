@@ -55,27 +55,30 @@ class ItemViews:
         """
         leaves = specs.optree.tree_leaves(sample.data)
         kinds = forms.column_kinds(engine)
+        if len(leaves) != len(kinds) or any(
+                leaf.shape[1:] != stored and not _pads(leaf.shape[1:], stored)
+                for leaf, (_, stored) in zip(leaves, kinds)):
+            kinds = _item_kinds(engine, sample, leaves)  # items of another shape
         key = (tuple(kinds), tuple(leaf.dtype for leaf in leaves))
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(engine, kinds, leaves)
-        for leaf, (_, stored) in zip(leaves, plan[1]):
-            if leaf.shape[1:] != stored and not _pads(leaf.shape[1:], stored):
-                del self._plans[key]  # (a reset forgot the layout the plan is for)
-                raise ValueError(f"Table '{self._table}': its items changed shape while "
-                                 "the dataset read them (a reset forgot the layout); make "
-                                 "the dataset again.")
         info = list(sample.info)
         lengths = getattr(sample, "lengths", None)
         if lengths is not None:
             return self._any_length(info, leaves, specs.flatten(lengths)[0], plan)
-        if self._expected_any:
-            self._changed()
         if plan[0] is not None:  # timesteps: cut [k, T, ...] into k * T steps
             leaves = [leaf.reshape((-1,) + leaf.shape[2:]) for leaf in leaves]
             info = [np.repeat(field, plan[0]) for field in info]
         out = [leaf if action == _KEEP else leaf[:, None] if action == _ADD_TIME else leaf[:, 0]
                for leaf, (action, _) in zip(leaves, plan[1])]
+        if any(self._expected_any):
+            # Unpadded items (of another shape, from the general store) in a dataset
+            # that cuts items to their lengths: each is as long as it is.
+            if any(flag and leaf.ndim < 2 for leaf, flag in zip(out, self._expected_any)):
+                self._changed()
+            out += [np.full(len(leaf), leaf.shape[1], np.int64)
+                    for leaf, flag in zip(out, self._expected_any) if flag]
         return info, out
 
     def _any_length(self, info, leaves, lengths, plan):
@@ -138,9 +141,14 @@ class ItemViews:
             dtype = leaves[index].dtype
             if length is not None:  # one timestep of a step column
                 views = {_KEEP: stored[1:]}
-            elif kind == forms.WHOLE or kind == forms.SQUEEZED:
+            elif kind == forms.SQUEEZED:
                 views = {_KEEP: stored} if self._timesteps else {
                     _KEEP: stored, _ADD_TIME: (1,) + stored}
+            elif kind == forms.WHOLE:
+                # Reverb's view of an inserted item is one timestep, [1, *S]: first, for a
+                # spec of unknown rank (which fits both).
+                views = {_KEEP: stored} if self._timesteps else {
+                    _ADD_TIME: (1,) + stored, _KEEP: stored}
             elif kind == forms.ONE_STEP or stored[:1] == (None,):
                 views = {_KEEP: stored, _DROP_TIME: stored[1:]}
             else:
@@ -208,7 +216,7 @@ class ItemViews:
         if len(views) > 1:
             message += (" The column is one step: the spec may have it with or without "
                         "its time dimension of 1 (" +
-                        " or ".join(_shape_str(s) for s in views.values()) + ").")
+                        " or ".join(_shape_str(s) for _, s in sorted(views.items())) + ").")
         elif kind == forms.SEQUENCE and stored[0] is None and not self._timesteps:
             message += (" The items have any length: give the spec a None time dimension "
                         f"({_shape_str(stored)}).")
@@ -222,6 +230,27 @@ class ItemViews:
         elif self._timesteps:
             message += " (each item is one timestep, as inserted)."
         raise ValueError(message)
+
+
+def _item_kinds(engine, sample, leaves):
+    """``(kind, stored shape)`` per column of sampled items whose shapes are not the
+    columns' (items of another shape, from the general store; a chunk holds such items
+    only if they share their shapes): a writer's item has the forms it was written in,
+    an item of a signature's table the signature's, an inserted item is whole."""
+    timed = forms.timed_columns(forms.form_of(engine, int(sample.info.key[0])), len(leaves))
+    column_specs = engine.config.column_specs if engine.config.signature is not None else None
+    kinds = []
+    for index, leaf in enumerate(leaves):
+        shape = tuple(leaf.shape[1:])
+        if timed is not None:
+            kind = (forms.SQUEEZED if not timed[index] else
+                    forms.ONE_STEP if shape[:1] == (1,) else forms.SEQUENCE)
+        elif column_specs is not None and index < len(column_specs):
+            kind = forms.SEQUENCE if specs.varies_in_time(column_specs[index]) else forms.WHOLE
+        else:
+            kind = forms.WHOLE
+        kinds.append((kind, shape))
+    return kinds
 
 
 def _shape_str(shape) -> str:

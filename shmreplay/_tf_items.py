@@ -2,6 +2,7 @@
 ``ReplayDataset``), re-exported by ``shmreplay.tf``, which explains how they sample.
 """
 
+import collections
 import queue
 import threading
 import time
@@ -11,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from shmreplay import _batches, _tf_common as common, errors, specs
+from shmreplay._engine.kinds import general as _general
 from shmreplay._tf_item_views import ItemViews
 from shmreplay.replay_sample import ReplaySample
 
@@ -43,6 +45,9 @@ class _Worker:
         self.timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
         self.max_samples = max_samples
         self.views = views
+        # Chunks drawn but not given yet: items of other shapes that could not share a
+        # chunk come one per chunk, the first at once and the others at the next calls.
+        self.drawn = collections.deque()
 
     def take(self, client, left, waiting_since):
         """The next chunk as ``(items, info leaves, data leaves)``: up to ``chunk`` items (no
@@ -52,16 +57,23 @@ class _Worker:
         wanted = self.chunk if left < 0 else min(self.chunk, left)
         if wanted == 0:
             return _ENDED
+        try:
+            return self.drawn.popleft()
+        except IndexError:
+            pass
         wait = _batches.SLICE
         if self.timeout is not None:  # (a call is made even at 0: what is there comes)
             wait = min(wait, max(0.0, self.timeout - (time.monotonic() - waiting_since)))
         try:
-            sample = client.sample_batch(self.table, wanted, timeout=wait)
+            parts = _sample_parts(client, self.table, wanted, wait)
         except errors.DeadlineExceededError:
             if self.timeout is not None and time.monotonic() - waiting_since >= self.timeout:
                 return _ENDED
             return None
-        return (len(sample.info.key),) + self.views(client._engine(self.table), sample)
+        engine = client._engine(self.table)
+        chunks = [(len(part.info.key),) + self.views(engine, part) for part in parts]
+        self.drawn.extend(chunks[1:])
+        return chunks[0]
 
     def chunks(self, stop: Optional[threading.Event] = None):
         """Yields chunks until the end (the timeout, ``max_samples`` taken, or ``stop``
@@ -80,6 +92,18 @@ class _Worker:
                 yield chunk
         finally:
             client.close()
+
+
+def _sample_parts(client, table: str, count: int, timeout):
+    """``client.sample_batch``, in parts (``kinds.general.sample_parts``)."""
+    try:
+        try:
+            return _general.sample_parts(client._engine(table, timeout), count, timeout)
+        except errors.LayoutResetError:  # drawn against a layout forgotten meanwhile
+            return _general.sample_parts(client._engine(table), count, timeout)
+    except Exception as exc:
+        client._raise_if_closed(exc)
+        raise
 
 
 _ENDED = object()  # a worker's timeout ran out, or it took all it may
@@ -288,9 +312,10 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
       server_address: The buffer's name, or a ``Client`` (its name and ``trust_group``
         are used: the way to read a group member's shared buffer).
       table: The table to sample.
-      dtypes, shapes: Nests describing ``data`` (lists are read as tuples). Shapes are
-        the item's, time dimension included for sequence items; ``None`` for a table
-        of items of any length, whose items then come each at its own length.
+      dtypes: A nest describing ``data``'s dtypes (lists are read as tuples).
+      shapes: A nest like ``dtypes``: the item's shapes, time dimension included for
+        sequence items; ``None`` for a table of items of any length, whose items then
+        come each at its own length.
       max_in_flight_samples_per_worker: Items one worker takes per ``sample_batch``
         call (they count as sampled then). Reverb suggests 2-3x the batch size.
       num_workers_per_iterator: Parallel workers; -1 means 1, which keeps a FIFO
@@ -335,6 +360,7 @@ class TrajectoryDataset(tf.compat.v1.data.Dataset):
 
     @property
     def element_spec(self):
+        """The spec of one element: ``ReplaySample(info, data)`` of ``tf.TensorSpec``."""
         return self._dataset.element_spec
 
     def _as_variant_tensor(self):

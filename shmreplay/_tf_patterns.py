@@ -64,6 +64,7 @@ class PatternDataset(tf.data.Dataset):
 
     @property
     def element_spec(self):
+        """The spec of one element: the trajectory the configs' patterns make."""
         return self._signature
 
     def _inputs(self):

@@ -1,5 +1,4 @@
-"""The operator's command line: ``shmreplay ls | info | top | verify | checkpoint | rm | gc
-| compile``.
+"""The operator's command line, ``shmreplay``: ls, info, top, verify, checkpoint, rm, gc, compile.
 
 Buffers are found by listing ``/dev/shm`` for header segments ``shmreplay.NAME``. A
 buffer whose owner process is gone (it was SIGKILLed, so it could not clean up) is
@@ -24,6 +23,7 @@ from shmreplay._ops import retire as _retire
 
 
 def cmd_ls(args, out):
+    """``shmreplay ls``: one line per buffer: owner, state, tables, items, memory."""
     found = _peek.segments()
     if not found:
         print("no shmreplay buffers", file=out)
@@ -74,6 +74,7 @@ def _table_infos(client):
 
 
 def cmd_info(args, out):
+    """``shmreplay info NAME``: each table's settings, sizes and rate limiter."""
     from shmreplay.client import Client
     with _attach(Client, args) as client:
         print(_info_owner(client, args.name), file=out)
@@ -124,6 +125,7 @@ def _info_owner(client, name) -> str:
 
 
 def cmd_verify(args, out):
+    """``shmreplay verify NAME``: checks each table's structures; exit 1 on a problem."""
     from shmreplay.client import Client
     status = 0
     from shmreplay import errors
@@ -268,6 +270,7 @@ def cmd_top(args, out):
 
 
 def cmd_checkpoint(args, out):
+    """``shmreplay checkpoint NAME PATH``: writes a consistent snapshot of every table."""
     from shmreplay._ops import checkpoint as _checkpoint
     from shmreplay.client import Client
     with _attach(Client, args) as client:
@@ -280,6 +283,7 @@ def cmd_checkpoint(args, out):
 
 
 def cmd_rm(args, out):
+    """``shmreplay rm NAME``: removes a buffer whose owner is gone (``--force``: any)."""
     status = 0
     for name in args.names:
         seen = _peek.peek(name, tables=False)
@@ -304,6 +308,7 @@ def cmd_rm(args, out):
 
 
 def cmd_gc(args, out):
+    """``shmreplay gc``: removes every buffer whose owner process is gone."""
     removed = 0
     for name, entries in _peek.segments().items():
         seen = _peek.peek(name, tables=False)
@@ -320,6 +325,7 @@ def cmd_gc(args, out):
 
 
 def cmd_compile(args, out):
+    """``shmreplay compile``: compiles and caches the kernels for this machine."""
     from shmreplay._ops import warmup as _warmup
     report = _warmup.warm_up()
     done = (f"compiled {report.compiled} of {report.kernels} kernels"
@@ -360,6 +366,7 @@ def _remove(seen, entries):
 
 
 def main(argv=None, out=None):
+    """The ``shmreplay`` command: runs the subcommand ``argv`` names; returns its exit status."""
     out = out or sys.stdout
     parser = argparse.ArgumentParser(prog="shmreplay", description=__doc__.splitlines()[0])
     parser.add_argument("--trust-group", action="store_true",

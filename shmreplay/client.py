@@ -183,8 +183,10 @@ class Client:
           ``{table_name: uint64 array of B keys}``.
 
         Raises:
-          as ``insert``; also SchemaError if leaves have different leading sizes, and
-          ValueError if ``B`` exceeds what the table can take in one call.
+          SchemaError: as ``insert``; also if leaves have different leading sizes.
+          ValueError: ``B`` exceeds what the table can take in one call.
+
+        ``insert``'s other errors are raised as there.
         """
         try:
             return self._insert_batch(data, priorities, timeout)
@@ -229,7 +231,8 @@ class Client:
 
         Args:
           max_sequence_length: The most steps one item can span (steps kept).
-          delta_encoded, chunk_length: Accepted for Reverb compatibility; no effect.
+          delta_encoded: Accepted for Reverb compatibility; no effect.
+          chunk_length: Accepted for Reverb compatibility; no effect.
           max_in_flight_items: ``create_item`` blocks while this many items wait for
             their table's rate limiter (None: never).
 

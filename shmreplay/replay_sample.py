@@ -74,6 +74,7 @@ class SampleInfo(NamedTuple):
 
     @classmethod
     def zeros(cls):
+        """A ``SampleInfo`` of zeros (key 0, probability 0.0, ...), as Reverb's."""
         return cls(0, 0.0, 0, 0.0, 0)
 
     @classmethod

@@ -85,6 +85,7 @@ class Prioritized(ItemSelector):
 
     @property
     def options(self):
+        """A Reverb-style description of the selector (``ItemSelector.options``)."""
         return {"prioritized": {"priority_exponent": self.priority_exponent},
                 "is_deterministic": False}
 
@@ -108,6 +109,7 @@ class MinHeap(ItemSelector):
 
     @property
     def options(self):
+        """A Reverb-style description of the selector (``ItemSelector.options``)."""
         return {"heap": {"min_heap": True}, "is_deterministic": True}
 
 
@@ -118,6 +120,7 @@ class MaxHeap(ItemSelector):
 
     @property
     def options(self):
+        """A Reverb-style description of the selector (``ItemSelector.options``)."""
         return {"heap": {"min_heap": False}, "is_deterministic": True}
 
 

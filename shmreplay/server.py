@@ -144,6 +144,7 @@ class Server:
 
     @property
     def address(self) -> str:
+        """The buffer's address (its name), as ``name``: pass it to ``shmreplay.Client``."""
         return self._name
 
     @property
@@ -199,6 +200,7 @@ class Server:
 
     @property
     def stopped(self) -> bool:
+        """Whether ``stop`` was called (or a signal stopped the server)."""
         return self._stopped.is_set()
 
     def __enter__(self):

@@ -249,6 +249,7 @@ class TrajectoryWriter:
 
     @property
     def step_is_open(self) -> bool:
+        """Whether the current step is partial (``append_partial`` since the last ``append``)."""
         return self._open is not None
 
     def configure(self, path, *, num_keep_alive_refs: int, max_chunk_length: Optional[int] = None):

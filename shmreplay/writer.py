@@ -300,6 +300,7 @@ class Writer:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close`` was called."""
         return self._closed
 
     def _check_open(self):

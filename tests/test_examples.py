@@ -1,22 +1,17 @@
-"""The examples and the documentation's code run against the current API and clean up.
+"""The examples run against the current API and clean up.
 
 * ``examples/demo.py`` runs for a few seconds, reports nonzero insert and sample rates,
   exits 0 and leaves nothing in /dev/shm; on Ctrl-C it stops its workers, exits 130 and
   leaves nothing either.
-* Every ```python block of the user docs (``docs/index.md``, ``concepts.md``,
-  ``guide.md``, ``writers.md``, ``learners.md``, ``migrating-from-reverb.md``) runs. The blocks of one page run in order as
-  one script (a reader following the page), except a block whose first line names a
-  file (``# actors.py``): that one is a complete program and runs on its own.
+
+The documentation's code blocks run in ``test_doc_snippets.py``.
 """
 
-import ast
-import io
 import os
 import re
 import signal
 import subprocess
 import sys
-import tokenize
 from pathlib import Path
 
 import pytest
@@ -27,12 +22,10 @@ from shmreplay._shm import layout as _layout
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.py"
-DOCS = ROOT / "docs"
 SHM = Path("/dev/shm")
 
 # Generous: on a fresh checkout every process compiles the numba kernels first.
 DEMO_TIMEOUT = 240
-SNIPPET_TIMEOUT = 180
 
 # A progress line: "  2.0s       41,476      346,387      43,357".
 PROGRESS = re.compile(r"^\s*(\d+\.\d)s\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s*$", re.M)
@@ -110,96 +103,3 @@ def test_demo_stops_cleanly_on_ctrl_c():
     assert not _segments(f"shmreplay.{name}"), output
     assert not _objects_of([name], [proc.pid]) - before, output
 
-
-# --- the documentation's snippets ----------------------------------------------------------
-
-FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
-FILE_NAME = re.compile(r"^#\s*([\w\-]+\.py)\s*$")
-
-
-def _scripts(page: Path):
-    """The runnable scripts of a page: ``[(file name, source), ...]``."""
-    blocks = FENCE.findall(page.read_text())
-    standalone, session = [], []
-    for block in blocks:
-        first = block.splitlines()[0] if block.strip() else ""
-        match = FILE_NAME.match(first)
-        if match:
-            standalone.append((match.group(1), block))
-        else:
-            session.append(block)
-    scripts = []
-    if session:
-        scripts.append((f"{page.stem.replace('-', '_')}_session.py", "\n".join(session)))
-    return scripts + standalone
-
-
-# The teaching pages. (docs/api-contract.md is a compact summary, not runnable code.)
-DOC_PAGES = [DOCS / name for name in
-             ("index.md", "concepts.md", "guide.md", "writers.md", "learners.md",
-              "migrating-from-reverb.md")]
-DOC_SCRIPTS = [(page, file_name, source) for page in DOC_PAGES if page.exists()
-               for file_name, source in _scripts(page)]
-
-
-def _with_names_of_this_run(source):
-    """``source`` with each buffer name it gives in a string literal (``Server(...,
-    name="quickstart")``, ``Client("quickstart")``) replaced, everywhere that literal
-    appears, by a unique name of this test run. Under its own name, the snippet would
-    collide with another run of this suite on the machine, or a user's buffer."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call):
-            call = getattr(node.func, "attr", getattr(node.func, "id", None))
-            given = [kw.value for kw in node.keywords if kw.arg == "name" and call == "Server"]
-            given += node.args[:1] if call == "Client" else []
-            names |= {arg.value for arg in given
-                      if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
-    unique = {name: _names.unique(name) for name in names}
-    lines = source.splitlines(keepends=True)
-    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    for token in reversed(tokens):  # from the end: earlier columns stay valid
-        if token.type != tokenize.STRING or token.start[0] != token.end[0]:
-            continue
-        try:
-            value = ast.literal_eval(token.string)
-        except ValueError:  # an f-string
-            continue
-        if isinstance(value, str) and value in unique:
-            row, start, end = token.start[0] - 1, token.start[1], token.end[1]
-            lines[row] = lines[row][:start] + f'"{unique[value]}"' + lines[row][end:]
-    return "".join(lines)
-
-
-@pytest.mark.parametrize("page", DOC_PAGES, ids=[page.name for page in DOC_PAGES])
-def test_doc_page_has_runnable_snippets(page):
-    assert page.exists(), f"{page} is missing"
-    assert _scripts(page), f"{page.name} has no python snippet"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("page, file_name, source", DOC_SCRIPTS,
-                         ids=[f"{page.name}:{file_name}" for page, file_name, _ in DOC_SCRIPTS])
-def test_docs_snippet_runs(tmp_path, page, file_name, source):
-    before = _segments()
-    source = _with_names_of_this_run(source)
-    script = tmp_path / file_name
-    script.write_text(source)
-    with subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=SNIPPET_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
-    assert proc.returncode == 0, (
-        f"{page.name} ({file_name}) failed:\n{stdout}\n{stderr}")
-    # What the snippet may have made: buffers named by its string literals (the names of
-    # this run above among them), and unnamed ones of its process.
-    names = {node.value for node in ast.walk(ast.parse(source))
-             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
-    assert not _objects_of(names, [proc.pid]) - before, (
-        f"{page.name} ({file_name}) left shared memory behind")

@@ -63,6 +63,8 @@ class TrajectoryColumn:
 
     @property
     def is_squeezed(self) -> bool:
+        """Whether the column has no time dimension (one step, taken as
+        ``history[path][-1]``)."""
         return self._squeeze
 
     def __len__(self):
@@ -82,6 +84,7 @@ class TrajectoryColumn:
 
     @property
     def shape(self):
+        """The column's shape: ``(steps, *step_shape)``, or the step's shape if squeezed."""
         if not self._refs:
             return (0,)
         step = self._refs[0].shape
@@ -89,6 +92,7 @@ class TrajectoryColumn:
 
     @property
     def dtype(self):
+        """The dtype of the referenced steps (None for an empty column)."""
         return self._refs[0].dtype if self._refs else None
 
     def numpy(self) -> np.ndarray:

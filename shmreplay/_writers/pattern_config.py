@@ -57,6 +57,8 @@ class _Message:
         self._values[name] = value
 
     def HasField(self, name: str) -> bool:  # noqa: N802 (the protobuf name)
+        """Whether field ``name`` is set (a oneof's name: whether any of its fields is), as
+        a protobuf message's ``HasField``."""
         fields = type(self)._FIELDS
         group = name in type(self)._ONEOFS.values()
         if name not in fields and not group:
@@ -168,6 +170,7 @@ class StructuredWriterConfig(_Message):
                "conditions": list}
 
     def HasField(self, name: str) -> bool:  # noqa: N802 (the protobuf name)
+        """Whether field ``name`` is set (``pattern_structure``: whether it was given)."""
         if name == "pattern_structure":
             return name in self._values
         return super().HasField(name)

@@ -229,6 +229,29 @@ def restore(engine, slots, lengths, data):
     engine.ctrl[L.C_ARENA_ROVER] = page
 
 
+def sample_parts(engine, batch_size: int, timeout) -> list:
+    """A sample for readers of single items (Reverb's per-item datasets): a list of
+    batches, either one (as ``sample_batch`` gives it: stacked, or padded where items
+    differ only in a time length) or, when the items drawn cannot be stacked, one batch
+    per item. Every item drawn is in the result: none is lost to a stacking error."""
+    if engine.arena is None and engine.columns is not None:  # mapped: no general store
+        return [engine.sample(batch_size, timeout)]
+    batch, rows = engine.sample_items(batch_size, timeout)  # (maps the layout first)
+    if not rows:
+        return [batch]
+    try:
+        return [stack(engine, batch, rows)]
+    except errors.SchemaError:
+        pass
+    parts = []
+    for row in range(len(batch.info.key)):
+        one = type(batch)(type(batch.info)(*(field[row:row + 1] for field in batch.info)),
+                          specs.optree.tree_map(lambda column: column[row:row + 1],
+                                                batch.data, none_is_leaf=False))
+        parts.append(stack(engine, one, {0: rows[row]}) if row in rows else one)
+    return parts
+
+
 def stack(engine, batch, arena_rows):
     """``batch`` with its arena items in place, stacked if every item has the same
     structure, dtypes and shapes, or padded (a ``PaddedSample`` with each column's

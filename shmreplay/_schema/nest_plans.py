@@ -17,9 +17,6 @@ _K = optree.PyTreeKind
 _SEQUENCES = {_K.TUPLE: tuple, _K.LIST: list}
 _MAX_PLANS = 16  # per cache; more structures than this are flattened as before
 
-# Counts of plans made and used, for tests that a nest takes the fast path.
-stats = {"made": 0}
-
 
 def plan_for(treedef):
     """A function ``data -> leaves or None`` for nests of ``treedef``'s structure, or
@@ -38,7 +35,6 @@ def plan_for(treedef):
     namespace = {"K": tuple(names["K"]), "T": tuple(names["T"]),
                  "tuple": tuple, "list": list, "dict": dict}
     exec("\n".join(source), namespace)  # noqa: S102 - code made here, from a treedef
-    stats["made"] += 1
     return namespace["plan"]
 
 

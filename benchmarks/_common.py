@@ -21,9 +21,11 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 
-# Benchmark the working copy, not whatever may be installed elsewhere.
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+# Benchmark the working copy, not whatever may be installed elsewhere; or, for an A/B
+# of two checkouts with the same scripts, the one $SHMREPLAY_BENCH_CODE names.
+CODE_ROOT = os.path.abspath(os.environ.get("SHMREPLAY_BENCH_CODE") or REPO_ROOT)
+if CODE_ROOT not in sys.path:
+    sys.path.insert(0, CODE_ROOT)
 
 
 # --------------------------------------------------------------------------- imports
@@ -87,7 +89,7 @@ def _mem_total_gib():
 
 def _git_commit():
     try:
-        out = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
+        out = subprocess.run(["git", "-C", CODE_ROOT, "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):

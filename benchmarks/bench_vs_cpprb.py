@@ -17,16 +17,24 @@ shmreplay:    the public Client API only. One Server per sampler with one table
               ``client.sample_batch(table, B)`` (+ ``info.importance_weights(0.4)`` when
               prioritized); "sample+update" adds ``client.update_priorities(table, keys, prios)``.
 
+Nest forms (``--forms``, issue 20): the published form is the dict above; ``list``
+inserts ``[obs, act, rew, next_obs, done]`` and ``namedtuple`` a
+``Transition(obs, act, rew, next_obs, done)`` (Reverb's tutorial and Acme's forms), each
+into its own tables (which that form's first item defines), every case again; the forms'
+figures are interleaved with cpprb's in the same repeats.
+
 Each case is timed timeit-style (warm-up, calibrated loop, median of repeats, GC off; the
 repeats of the two libraries alternate so background load hits both alike) and
 reported in microseconds per call; ratio = cpprb / shmreplay (> 1: shmreplay is faster).
 Target: ratio >= 2 in every case.
 
 Usage:  python benchmarks/bench_vs_cpprb.py [--quick] [--libs cpprb,shmreplay]
-Writes: benchmarks/results/vs_cpprb[-quick].{json,md}
+                                            [--forms dict,list,namedtuple] [--tag TAG]
+Writes: benchmarks/results/vs_cpprb[-TAG][-quick].{json,md}
 """
 
 import argparse
+import collections
 import os
 import sys
 import traceback
@@ -42,6 +50,10 @@ BETA = 0.4
 ADD_STEPS = (1, 11, 101)
 BATCH_SIZES = (2, 32, 256)
 TARGET = 2.0
+
+FIELDS = ("obs", "act", "rew", "next_obs", "done")
+Transition = collections.namedtuple("Transition", FIELDS)
+FORMS = ("dict", "list", "namedtuple")
 
 ENV_DICT = {"obs": {"shape": 15}, "act": {"shape": 3}, "rew": {},
             "next_obs": {"shape": 15}, "done": {}}
@@ -65,6 +77,17 @@ def make_batch(rng, n):
         "next_obs": rng.standard_normal((n, 15)).astype(np.float32),
         "done": (rng.random(n) < 0.01).astype(np.float32),
     }
+
+
+def as_form(form, data):
+    """A transition (or batch) dict as nest ``form``."""
+    if form == "dict":
+        return data
+    if form == "list":
+        return [data[k] for k in FIELDS]
+    if form == "namedtuple":
+        return Transition(**data)
+    raise ValueError(f"unknown form {form!r} (one of {', '.join(FORMS)})")
 
 
 def cases():
@@ -125,11 +148,11 @@ class CpprbSide:
 # --------------------------------------------------------------------------- shmreplay
 
 class ShmreplaySide:
-    name = "shmreplay"
-
-    def __init__(self, shm, rng):
+    def __init__(self, shm, rng, form="dict", prefix="bench-vs"):
         from shmreplay import rate_limiters, selectors
         self.rng = rng
+        self.form = form
+        self.name = "shmreplay" if form == "dict" else f"shmreplay[{form}]"
         self.servers, self.clients = {}, {}
         pid = os.getpid()
         samplers = {"uniform": selectors.Uniform(), "prioritized": selectors.Prioritized(ALPHA)}
@@ -137,7 +160,8 @@ class ShmreplaySide:
             for sampler, sel in samplers.items():
                 table = shm.Table(sampler, sampler=sel, remover=selectors.Fifo(),
                                   max_size=CAPACITY, rate_limiter=rate_limiters.MinSize(1))
-                server = shm.Server(tables=[table], name=f"bench-vs-{sampler[0]}-{pid}")
+                server = shm.Server(tables=[table],
+                                    name=f"{prefix}-{sampler[0]}-{form[0]}-{pid}")
                 self.servers[sampler] = server
                 self.clients[sampler] = shm.Client(server.name)
         except BaseException:
@@ -145,7 +169,7 @@ class ShmreplaySide:
             raise
 
     def fill(self):
-        batch = make_batch(self.rng, CAPACITY)
+        batch = as_form(self.form, make_batch(self.rng, CAPACITY))
         self.clients["uniform"].insert_batch(batch, {"uniform": 1.0})
         self.clients["prioritized"].insert_batch(
             batch, {"prioritized": self.rng.random(CAPACITY) + 0.05})
@@ -154,7 +178,10 @@ class ShmreplaySide:
         """One sample of each table, checked against the contract (shapes, info dtypes)."""
         for sampler, client in self.clients.items():
             s = client.sample_batch(sampler, 32)
-            shapes = {k: np.shape(v) for k, v in s.data.items()}
+            data = s.data if self.form == "dict" else dict(zip(FIELDS, s.data))
+            if self.form == "namedtuple" and type(s.data).__name__ != "Transition":
+                raise AssertionError(f"{sampler}: sampled {type(s.data)}, want Transition")
+            shapes = {k: np.shape(v) for k, v in data.items()}
             want = {"obs": (32, 15), "act": (32, 3), "rew": (32,), "next_obs": (32, 15),
                     "done": (32,)}
             if shapes != want:
@@ -168,11 +195,11 @@ class ShmreplaySide:
         table = sampler
         if op == "add":
             if n == 1:
-                data = make_transition(self.rng)
+                data = as_form(self.form, make_transition(self.rng))
                 prio = {table: 1.0}
                 insert = client.insert
                 return lambda: insert(data, prio)
-            data = make_batch(self.rng, n)
+            data = as_form(self.form, make_batch(self.rng, n))
             prio = {table: 1.0 if sampler == "uniform" else self.rng.random(n) + 0.05}
             insert_batch = client.insert_batch
             return lambda: insert_batch(data, prio)
@@ -221,7 +248,7 @@ def run(args):
             errors.append({"lib": "cpprb", "where": "import", "error": why})
         else:
             sides.append(CpprbSide(cpprb, rng))
-    shm_side = None
+    shm_sides = []
     if "shmreplay" in libs:
         shm, why = C.load_shmreplay()
         if shm is None:
@@ -229,8 +256,10 @@ def run(args):
             errors.append({"lib": "shmreplay", "where": "import", "error": why})
         else:
             try:
-                shm_side = ShmreplaySide(shm, rng)
-                sides.append(shm_side)
+                for form in args.forms.split(","):
+                    side = ShmreplaySide(shm, rng, form.strip(), args.prefix)
+                    shm_sides.append(side)
+                    sides.append(side)
             except Exception as exc:  # noqa: BLE001 - report, never work around
                 tb = traceback.format_exc()
                 print("shmreplay setup failed:\n" + tb)
@@ -251,7 +280,7 @@ def run(args):
                 if op != "add" and side.name not in filled:
                     try:
                         side.fill()
-                        if side is shm_side:
+                        if side in shm_sides:
                             side.check()
                     except Exception as exc:  # noqa: BLE001
                         tb = traceback.format_exc()
@@ -279,27 +308,49 @@ def run(args):
                                  "number": t["number"], "repeat": t["repeat"]}
             a, b = row.get("cpprb"), row.get("shmreplay")
             row["ratio"] = a["median_us"] / b["median_us"] if a and b else None
+            for side in (side for side in shm_sides if side.form != "dict"):
+                other = row.get(side.name)
+                row[f"ratio[{side.form}]"] = (a["median_us"] / other["median_us"]
+                                              if a and other else None)
             results.append(row)
+            extra = "".join(
+                f"  {side.form} {C.fmt_num(row.get(side.name) and row[side.name]['median_us'], 2)}"
+                f" us ({C.fmt_ratio(row[f'ratio[{side.form}]'])})"
+                for side in shm_sides if f"ratio[{side.form}]" in row)
             print(f"  {op:13s} {sampler:11s} {n:4d}  "
                   f"cpprb {C.fmt_num(a and a['median_us'], 2):>8s} us  "
                   f"shmreplay {C.fmt_num(b and b['median_us'], 2):>8s} us  "
-                  f"ratio {C.fmt_ratio(row['ratio'])}", flush=True)
+                  f"ratio {C.fmt_ratio(row['ratio'])}{extra}", flush=True)
     finally:
         for side in sides:
             side.close()
 
+    others = [side for side in shm_sides if side.form != "dict"]
     headers = ["case", "sampler", "steps/batch", "cpprb µs", "shmreplay µs",
-               "cpprb/shmreplay", f">= {TARGET:g}x"]
+               "cpprb/shmreplay"]
+    for side in others:
+        headers += [f"{side.form} µs", f"cpprb/{side.form}"]
+    headers.append(f">= {TARGET:g}x")
     rows = []
+    ratios = []
     for r in results:
         a, b = r.get("cpprb"), r.get("shmreplay")
-        rows.append([r["op"], r["sampler"], r["n"], C.fmt_num(a and a["median_us"], 2),
-                     C.fmt_num(b and b["median_us"], 2), C.fmt_ratio(r["ratio"]),
-                     "n/a" if r["ratio"] is None else ("yes" if r["ratio"] >= TARGET else "NO")])
-    ratios = [r["ratio"] for r in results if r["ratio"] is not None]
+        line = [r["op"], r["sampler"], r["n"], C.fmt_num(a and a["median_us"], 2),
+                C.fmt_num(b and b["median_us"], 2), C.fmt_ratio(r["ratio"])]
+        row_ratios = [r["ratio"]] if "shmreplay" in r else []
+        for side in others:
+            got = r.get(side.name)
+            line += [C.fmt_num(got and got["median_us"], 2),
+                     C.fmt_ratio(r[f"ratio[{side.form}]"])]
+            row_ratios.append(r[f"ratio[{side.form}]"])
+        known = [x for x in row_ratios if x is not None]
+        ratios += known
+        line.append("n/a" if not known else ("yes" if min(known) >= TARGET else "NO"))
+        rows.append(line)
     summary = (f"min ratio {min(ratios):.2f}x, geometric mean "
                f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x; "
-               f"{sum(x >= TARGET for x in ratios)}/{len(ratios)} cases >= {TARGET:g}x"
+               f"{sum(x >= TARGET for x in ratios)}/{len(ratios)} case-forms >= {TARGET:g}x "
+               f"(forms: {args.forms})"
                if ratios else "no ratios (one side missing)")
     print()
     print(C.render_table(headers, rows))
@@ -311,15 +362,19 @@ def run(args):
              f"alpha {ALPHA}, beta {BETA}; same process, shmreplay via Client(server.name)",
              "cpprb PER add without explicit priorities (its faster path); shmreplay PER add "
              "with priorities; prioritized sample includes importance weights in both",
+             f"nest forms: {args.forms} (list: [obs, act, rew, next_obs, done]; namedtuple: "
+             "Transition of those fields; each form in tables its first item defined)",
              summary]
     md = C.markdown_report("shmreplay vs cpprb (cpprb's Reverb-comparison configuration)",
                            info, notes, headers, rows, errors)
     payload = {"benchmark": "vs_cpprb", "quick": args.quick, "machine": info,
                "config": {"capacity": CAPACITY, "alpha": ALPHA, "beta": BETA,
                           "add_steps": ADD_STEPS, "batch_sizes": BATCH_SIZES,
-                          "timing": timing, "target_ratio": TARGET, "seed": args.seed},
+                          "timing": timing, "target_ratio": TARGET, "seed": args.seed,
+                          "forms": args.forms},
                "results": results, "summary": summary, "errors": errors}
-    paths = C.write_results("vs_cpprb" + ("-quick" if args.quick else ""), payload, md)
+    stem = "vs_cpprb" + (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "")
+    paths = C.write_results(stem, payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
     left = C.check_clean()
     return 1 if (errors or left) else 0
@@ -331,6 +386,11 @@ def main(argv=None):
     p.add_argument("--libs", default="cpprb,shmreplay",
                    help="comma-separated subset of cpprb,shmreplay")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--forms", default="dict",
+                   help="comma-separated nest forms of shmreplay's data: dict (published), "
+                        "list, namedtuple")
+    p.add_argument("--tag", default="", help="a name for this run's result files")
+    p.add_argument("--prefix", default="bench-vs", help="shared-memory name prefix")
     return run(p.parse_args(argv))
 
 

@@ -19,6 +19,12 @@ shmreplay Writer, 3-step   the same with ``create_item(table, 3, 1.0)`` (items o
                            overlapping steps: Reverb's tutorial pattern)
 shmreplay TrajectoryWriter ``tw = client.trajectory_writer(3)``; ``tw.append(step)`` +
                            ``tw.create_item(table, 1.0, {k: tw.history[k][-3:] for k in step})``
+shmreplay TrajectoryWriter ``{k: tw.history[k][-1] for k in step}``: one-step items of
+squeezed refs              squeezed references (Acme's transition adders build items so)
+shmreplay TrajectoryWriter n-step transitions (n = 3): ``obs`` and ``action`` at ``[-4]``,
+n-step                     ``reward`` and ``discount`` ``[-3:]``, ``next_obs``
+                           ``history["obs"][-1]`` (target for both: within 1.2x of the
+                           ``[-3:]`` TrajectoryWriter case; issue 20)
 shmreplay Client.insert    ``client.insert(step, {table: 1.0})`` (whole 1-step items; reference)
 mechanism floor            what any writer of 1-step items must do, with none of the API's
                            checks or bookkeeping (private calls): one native call that
@@ -69,7 +75,9 @@ Targets (the issue): under 20 µs per step for small transitions with all three 
 patterns; within 2x of the raw numpy copy for frames.
 
 Usage:  python benchmarks/bench_writers.py [--quick] [--libs ...] [--reverb-python PATH]
-Writes: benchmarks/results/writers-<date>.{json,md} (quick: writers-quick.{json,md})
+                                          [--tag TAG] [--prefix NAME]
+Writes: benchmarks/results/writers-<date>.{json,md} (quick: writers-quick.{json,md};
+        with --tag: writers-TAG[-quick])
 """
 
 import argparse
@@ -97,7 +105,8 @@ SMALL_TARGET_US = 20.0
 FRAMES_TARGET_RATIO = 2.0
 ISSUE_REVERB_US = 290.0
 REVERB_BLOCK = 200
-TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "insert": "insert",
+TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "traj_squeezed":
+          "traj_squeezed", "traj_nstep": "traj_nstep", "insert": "insert",
           "floor": "floor", "traj_floor": "traj_floor"}
 LIBS = ("numpy", "shmreplay", "cpprb", "reverb")
 
@@ -107,6 +116,8 @@ CASES = {
     "shm_legacy1": ("shmreplay", "shmreplay Writer(3), 1-step items"),
     "shm_legacy3": ("shmreplay", "shmreplay Writer(3), 3-step items"),
     "shm_traj3": ("shmreplay", "shmreplay TrajectoryWriter(3), 3-step items"),
+    "shm_traj_squeezed": ("shmreplay", "shmreplay TrajectoryWriter, squeezed [-1] items"),
+    "shm_traj_nstep": ("shmreplay", "shmreplay TrajectoryWriter(4), 3-step transitions"),
     "shm_insert": ("shmreplay", "shmreplay Client.insert (whole 1-step item)"),
     "shm_floor": ("shmreplay", "mechanism floor: reserve, row copies, commit"),
     "calls_traj3": ("numpy", "TrajectoryWriter calls alone, over a writer doing nothing"),
@@ -121,6 +132,9 @@ CASES = {
     "reverb_insert": ("reverb", "Reverb Client.insert (1-step item)"),
 }
 SHM_WRITERS = ("shm_legacy1", "shm_legacy3", "shm_traj3")
+SHM_ITEMS = ("shm_traj_squeezed", "shm_traj_nstep")  # judged against shm_traj3
+ITEM_TARGET = 1.2
+N_STEP = 3
 
 
 # --------------------------------------------------------------------------- data
@@ -211,6 +225,30 @@ def shm_case(key, client, steps):
             tw.append(step)
             tw.create_item(table, 1.0, {k: tw.history[k][-3:] for k in step})
         return traj3, tw.close
+    if key == "shm_traj_squeezed":
+        tw = client.trajectory_writer(NUM_KEEP)
+        table = TABLES["traj_squeezed"]
+        tw.append(nxt())
+
+        def traj_squeezed():
+            step = nxt()
+            tw.append(step)
+            tw.create_item(table, 1.0, {k: tw.history[k][-1] for k in step})
+        return traj_squeezed, tw.close
+    if key == "shm_traj_nstep":
+        tw = client.trajectory_writer(N_STEP + 1)
+        table = TABLES["traj_nstep"]
+        for _ in range(N_STEP):
+            tw.append(nxt())
+
+        def traj_nstep():
+            tw.append(nxt())
+            h = tw.history
+            tw.create_item(table, 1.0, {
+                "obs": h["obs"][-N_STEP - 1], "action": h["action"][-N_STEP - 1],
+                "reward": h["reward"][-N_STEP:], "discount": h["discount"][-N_STEP:],
+                "next_obs": h["obs"][-1]})
+        return traj_nstep, tw.close
     if key == "shm_insert":
         table = TABLES["insert"]
         prio = {table: 1.0}
@@ -516,8 +554,8 @@ def run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors):
     if "numpy" in libs:
         keys += ["raw", "calls_traj3"]
     if shm is not None:
-        keys += ["shm_legacy1", "shm_legacy3", "shm_traj3", "shm_insert", "shm_floor",
-                 "shm_traj_floor"]
+        keys += ["shm_legacy1", "shm_legacy3", "shm_traj3", "shm_traj_squeezed",
+                 "shm_traj_nstep", "shm_insert", "shm_floor", "shm_traj_floor"]
     if cpprb is not None:
         keys += ["cpprb_add", "cpprb_next_of"] + (["cpprb_stack"] if dname == "frames" else [])
         keys.append("cpprb_nstep")
@@ -532,7 +570,7 @@ def run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors):
                                 max_size=cap, rate_limiter=rate_limiters.MinSize(1))
                       for name in TABLES.values()]
             try:
-                server = shm.Server(tables=tables, name=f"bench-writers-{dname}-{os.getpid()}")
+                server = shm.Server(tables=tables, name=f"{args.prefix}-{dname}-{os.getpid()}")
                 client = shm.Client(server.name)
             except Exception as exc:  # noqa: BLE001
                 _record_error(errors, "shmreplay", f"{dname} setup", exc)
@@ -619,7 +657,7 @@ def memory_check(shm, dname, ds, steps, args):
     tables = [shm.Table(name, sampler=selectors.Uniform(), remover=selectors.Fifo(),
                         max_size=cap, rate_limiter=rate_limiters.MinSize(1)) for name in names]
     out = {"steps": n, "step_bytes": step_nbytes(steps[0])}
-    with shm.Server(tables=tables, name=f"bench-writers-mem-{dname}-{os.getpid()}") as server:
+    with shm.Server(tables=tables, name=f"{args.prefix}-mem-{dname}-{os.getpid()}") as server:
         with shm.Client(server.name) as client:
             nxt = cycler(steps)
             with client.writer(NUM_KEEP) as w:
@@ -712,6 +750,13 @@ def build_report(info, args, timing, results, reverb, errors):
                 r = _div(m, raw)
                 t[key] = {"us": m, "ratio_to_raw": r, "target": f"<= {FRAMES_TARGET_RATIO:g}x raw",
                           "met": None if r is None else r <= FRAMES_TARGET_RATIO}
+        window = _us(res, "shm_traj3")
+        for key in SHM_ITEMS:
+            m = _us(res, key)
+            if m is not None and window is not None:
+                t[key] = {"us": m, "ratio_to_window": m / window,
+                          "target": f"<= {ITEM_TARGET:g}x the [-3:] TrajectoryWriter case",
+                          "met": m / window <= ITEM_TARGET}
         bound = _us(res, "shm_traj_floor")
         if dname == "frames" and bound is not None:
             # Not a writer: what any Python TrajectoryWriter over these kernels exceeds.
@@ -764,8 +809,12 @@ def build_report(info, args, timing, results, reverb, errors):
     lines = []
     for dname, t in targets.items():
         for key, v in t.items():
-            val = (f"{v['us']:.1f} µs" if dname == "small"
-                   else f"{C.fmt_ratio(v.get('ratio_to_raw'))} of raw ({v['us']:.1f} µs)")
+            if "ratio_to_window" in v:
+                val = f"{v['us']:.1f} µs, {v['ratio_to_window']:.2f}x the [-3:] case"
+            elif dname == "small":
+                val = f"{v['us']:.1f} µs"
+            else:
+                val = f"{C.fmt_ratio(v.get('ratio_to_raw'))} of raw ({v['us']:.1f} µs)"
             ok = "n/a" if v["met"] is None else ("yes" if v["met"] else "NO")
             lines.append(f"{dname}, {CASES[key][1]}: {val}; target {v['target']}: {ok}")
     return md, text, targets, lines
@@ -880,11 +929,12 @@ def run(args):
                "reverb": reverb if reverb else {"measured": False, "note": reverb_note,
                                                 "issue_figure_us": ISSUE_REVERB_US},
                "targets": targets, "summary": target_lines, "errors": errors}
-    stem = "writers-quick" if args.quick else f"writers-{info['date'][:10]}"
+    stem = "writers" + (f"-{args.tag}" if args.tag else "" if args.quick
+                        else f"-{info['date'][:10]}") + ("-quick" if args.quick else "")
     paths = C.write_results(stem, payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
     # Only this script's segments: other processes (a test run) may hold bench-* ones.
-    left = C.leftover_segments("shmreplay.bench-writers-")
+    left = C.leftover_segments(f"shmreplay.{args.prefix}-")
     if left:
         print(f"WARNING: left in /dev/shm: {left}", file=sys.stderr)
     return 1 if (errors or left) else 0
@@ -900,6 +950,8 @@ def main(argv=None):
     p.add_argument("--reverb-python", default=None,
                    help="python of a virtualenv with dm-reverb (default: $REVERB_PYTHON)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix", default="bench-writers", help="shared-memory name prefix")
+    p.add_argument("--tag", default="", help="a name for this run's result files")
     p.add_argument("--reverb-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reverb_worker:

@@ -17,12 +17,13 @@ from typing import Optional
 import numpy as np
 
 from shmreplay import errors, specs
+from shmreplay._schema import nest_plans as _nest_plans
 from shmreplay._writers import pending as _pending
 from shmreplay._writers import writing as _writing
 from shmreplay._writers.history import (TrajectoryColumn, _AbsentColumn, _build_history,
                                         check_value, _ColumnHistory, _merge_structure,
                                         _named_path)
-from shmreplay._writers.trajectory_shortcuts import PY_DTYPES, _UsualItem, _WholeSteps
+from shmreplay._writers.trajectory_shortcuts import PY_DTYPES, _WholeSteps, learn_usual_item
 
 _CONTAINERS = (dict, list, tuple, type(None))  # not leaves (None: a skipped field)
 
@@ -67,13 +68,13 @@ class TrajectoryWriter:
         self._episode_steps = 0       # completed steps of this episode
         self._history_steps = 0       # completed steps since history was last cleared
         self._specs = {}              # path -> the first value's dtype and shape (no data)
-        self._paths_of = {}           # treedef of appended data -> its leaves' paths
+        self._paths_of = {}           # treedef of appended data -> (its leaves' paths, plan)
         self._next_uid = None         # the uid of the step being appended
-        self._flat = None             # (keys, paths) when the last step was a flat dict
-        self._whole_steps = None      # _WholeSteps while steps are whole flat dicts
+        self._flat = None             # (plan, paths) of the last step's structure
+        self._whole_steps = None      # _WholeSteps while steps are whole nests of every field
         self._history = None          # the cached `history` nest
         self._item_layouts = {}       # a flat dict trajectory's keys -> (keys, treedef, paths)
-        self._usual_items = {}        # (table, flat dict trajectory's keys) -> _UsualItem
+        self._usual_items = {}        # (table, trajectory's type) -> [_UsualItem]
         self._open = None             # the open step's {path: ref} (after a partial append)
         self._tables = {}             # engine name -> _writing.TableRows
         self._pending = _pending.PendingItems()
@@ -96,31 +97,29 @@ class TrajectoryWriter:
         """
         self._check_open()
         whole = self._whole_steps
-        if (whole is not None and not partial_step and self._open is None
-                and type(data) is dict and len(data) == len(whole.keys)):
-            values = whole.convert(data)
+        if whole is not None and not partial_step and self._open is None:
+            leaves = whole.plan(data)
+            values = None if leaves is None else whole.convert(leaves)
             if values is not None:
                 self._push_whole(values, whole)
                 return
         leaves = None
         flat = self._flat
-        if flat is not None and type(data) is dict and len(data) == len(flat[0]):
-            # The same flat dict of leaves as last time: skip flattening.
-            try:
-                leaves = [data[key] for key in flat[0]]
-            except KeyError:
-                leaves = None
+        if flat is not None:
+            # A nest of the same structure as last time: read by its plan, not flattened.
+            leaves = flat[0](data)
             paths = flat[1]
         if leaves is None:
             leaves, treedef = specs.flatten(data)
-            paths = self._paths_of.get(treedef)
-            if paths is None:  # a structure not seen before: it may add fields
+            known = self._paths_of.get(treedef)
+            if known is None:  # a structure not seen before: it may add fields
                 paths = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
                 self._root = _merge_structure(self._root, data)
-                self._paths_of[treedef] = paths
+                plan = _nest_plans.checked_plan(data, leaves, treedef)
+                known = self._paths_of[treedef] = (paths, plan)
                 self._history = None
-            keys = _writing.flat_dict_keys(treedef)
-            self._flat = None if keys is None else (keys, paths)
+            paths, plan = known
+            self._flat = None if plan is None else (plan, paths)
         step = self._open if self._open is not None else {}
         converted = []
         first_values = self._specs
@@ -198,9 +197,9 @@ class TrajectoryWriter:
         if (len(step) == len(columns) and self._whole_steps is None
                 and self._flat is not None and len(self._flat[1]) == len(columns)):
             # A flat dict of every field: the next such steps may take the short path.
-            keys, paths = self._flat
+            plan, paths = self._flat
             self._whole_steps = _WholeSteps(
-                keys, paths, [columns[path] for path in paths],
+                plan, paths, [columns[path] for path in paths],
                 [first_values[path] for path in paths])
         self._after_step()
 
@@ -300,10 +299,10 @@ class TrajectoryWriter:
         """
         if self._closed:
             raise errors.ClosedError("TrajectoryWriter was closed.")
-        if type(trajectory) is dict and not self._pending:
-            usual = self._usual_items.get((table, tuple(trajectory)))
-            if usual is not None and usual.insert(trajectory, priority):
-                return
+        if not self._pending:
+            for usual in self._usual_items.get((table, type(trajectory)), ()):
+                if usual.insert(trajectory, priority):
+                    return
         known = self._item_layouts.get(tuple(trajectory)) if type(trajectory) is dict else None
         leaves = None
         keys = None
@@ -342,7 +341,7 @@ class TrajectoryWriter:
                 if not first.expired and first.episode == episode == last.episode:
                     source = first.path
                     column_refs.append(refs)
-                    shape.append((source, len(refs), False))
+                    shape.append((source, len(refs), leaf._squeeze))
                     ends = (first.uid, last.uid)
                     if uids is None:
                         uids = [ref.uid for ref in refs]
@@ -375,13 +374,12 @@ class TrajectoryWriter:
         rows = self._tables.get(table) or self._rows(table)
         prio = _writing.check_priority(rows.engine, priority)
         plan = rows.plans.get((treedef, tuple(shape)))
+        if plan is not None and window_ends is not False and not self._pending:
+            learn_usual_item(self._usual_items, table, trajectory, leaves, treedef, rows, plan)
         if plan is not None and plan.uniform and uids and not self._pending:
             # The usual item (planned before, every column over the same steps, nothing
             # waiting ahead of it) goes in without making its ItemColumns, if the rate
             # limiter admits it now; otherwise it waits like any other (below).
-            if window_ends and keys is not None and len({n for _, n, _ in shape}) == 1:
-                self._usual_items[(table, tuple(trajectory))] = _UsualItem(
-                    keys, [source for source, _, _ in shape], len(uids), rows, plan)
             try:
                 _writing.insert_uniform_refs(rows, plan, column_refs, uids, prio, 0.0)
                 return

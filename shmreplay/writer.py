@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from shmreplay import errors, specs
+from shmreplay._schema import nest_plans as _nest_plans
 from shmreplay._writers import pending as _pending
 from shmreplay._writers import writing as _writing
 
@@ -59,7 +60,7 @@ class Writer:
         self._treedef = None
         self._paths = None
         self._fields = None
-        self._flat_keys = None      # sorted keys if steps are flat dicts (the fast path)
+        self._step_plan = None      # reads steps of the first step's structure (fast path)
         self._plans = {}            # (table, num_timesteps) -> (TableRows, ItemPlan)
         self._first = None           # the first step's values (fix dtypes and shapes)
         self._uids = itertools.count()
@@ -81,32 +82,30 @@ class Writer:
             first step's (nothing is appended).
         """
         self._check_open()
-        keys = self._flat_keys
-        if keys is not None and type(data) is dict and len(data) == len(keys):
-            # A flat dict like the first step: read it without flattening, copy each
-            # leaf whose dtype and shape match (anything else takes the checked path).
+        plan = self._step_plan
+        leaves = plan(data) if plan is not None else None
+        if leaves is not None:
+            # A nest of the first step's structure (read by its plan, without
+            # flattening): copy each leaf whose dtype and shape match (anything else
+            # takes the checked path).
             values = []
-            try:
-                for key, first in zip(keys, self._first):
-                    leaf = data[key]
-                    kind = type(leaf)
-                    if kind is np.ndarray and leaf.shape == first.shape and (
-                            leaf.dtype is first.dtype or leaf.dtype == first.dtype):
-                        values.append(leaf.copy())
-                    elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
-                          and leaf.dtype == first.dtype):
-                        values.append(leaf)  # immutable: no copy needed
-                    elif kind in _PY_SCALARS and first.shape == ():
-                        value = specs.python_scalar_as(leaf, first.dtype)
-                        if value is None:
-                            values = None
-                            break
-                        values.append(value)
-                    else:
+            for leaf, first in zip(leaves, self._first):
+                kind = type(leaf)
+                if kind is np.ndarray and leaf.shape == first.shape and (
+                        leaf.dtype is first.dtype or leaf.dtype == first.dtype):
+                    values.append(leaf.copy())
+                elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
+                      and leaf.dtype == first.dtype):
+                    values.append(leaf)  # immutable: no copy needed
+                elif kind in _PY_SCALARS and first.shape == ():
+                    value = specs.python_scalar_as(leaf, first.dtype)
+                    if value is None:
                         values = None
                         break
-            except KeyError:
-                values = None
+                    values.append(value)
+                else:
+                    values = None
+                    break
             if values is not None:
                 self._push(values, self._treedef)
                 return
@@ -194,7 +193,7 @@ class Writer:
             # The fields as TrajectoryWriter names them, so that both kinds of writer
             # feeding one table share its stores.
             self._fields = [tuple(p) for p in specs.optree.treespec_paths(treedef)]
-            self._flat_keys = _writing.flat_dict_keys(treedef)
+            self._step_plan = _nest_plans.plan_for(treedef)
         self._steps.append((next(self._uids), values))
         self._appended += 1
         if self._pending:

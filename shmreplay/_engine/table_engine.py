@@ -8,7 +8,6 @@ copy rows without the lock, re-check slot versions.
 """
 
 import dataclasses
-import functools
 import math
 import sys
 import time
@@ -28,7 +27,8 @@ from shmreplay._shm import sync as _sync
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._engine import table_info as _table_info
-from shmreplay._schema.fast_leaves import UNSET, FastLeaves, fast_scalar_bounds, flat_access
+from shmreplay._schema.fast_leaves import (UNSET, FastLeaves, fast_scalar_bounds, flat_access,
+                                          unflattener)
 from shmreplay._engine.inserts import Inserting
 from shmreplay._engine.sampling import Sampling, seed_once
 from shmreplay._engine.waits import Waiting
@@ -175,7 +175,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self._batch_shapes = {}  # batch size -> each column's full shape
         self._flat_keys = flat_access(self.treedef)
         # ``leaves -> nest`` (a plain function: reused results keep it, not the engine)
-        self._unflatten = _unflattener(self._flat_keys, self.treedef)
+        self._unflatten = unflattener(self._flat_keys, self.treedef)
         # The storage kind maps its own part (for whole items, what the one-call kernels
         # read); its calls are bound here once, so the hot paths pay no extra lookup.
         self.kind = _kinds.mapped(self, segment, plan)
@@ -491,10 +491,3 @@ def _max_priority(config, capacity) -> float:
                 largest = math.exp(log_bound)
     return largest
 
-
-def _unflattener(flat_keys, treedef):
-    """``leaves -> nest`` for a table's columns: a dict built directly for a flat dict
-    nest (``flat_keys``), optree otherwise."""
-    if flat_keys:
-        return lambda leaves: dict(zip(flat_keys, leaves))
-    return functools.partial(specs.optree.tree_unflatten, treedef)

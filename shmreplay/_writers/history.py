@@ -31,7 +31,8 @@ class TrajectoryColumn:
     """
 
     # ``_window``: the refs are consecutive steps of one field's history, oldest first
-    # (``history[field][-n:]``), so ``create_item`` checks only their ends.
+    # (``history[field][-n:]``, or one step ``[-k]``), so ``create_item`` checks only
+    # their ends.
     __slots__ = ("_refs", "_squeeze", "_path", "_window")
 
     def __init__(self, data_references, *, squeeze: bool = False, path=None):
@@ -213,6 +214,19 @@ class _ColumnHistory:
         return self.refs[position - self.start]
 
     def __getitem__(self, index):
+        if type(index) is int:
+            refs = self.refs
+            if -len(refs) <= index < 0:
+                # ``[-k]``, a recent step (Acme's transition adders): as ``ref_at`` reads
+                # it; a single step counts as a window (``TrajectoryColumn._window``).
+                ref = refs[index]
+                if ref is not None:
+                    column = _new_column(TrajectoryColumn)
+                    column._refs = [ref]
+                    column._squeeze = True
+                    column._path = self.path
+                    column._window = True
+                    return column
         if type(index) is slice:
             first = index.start
             refs = self.refs

@@ -21,7 +21,7 @@ Any process may grow a table: every process maps the same file, and reserving is
 idempotent, so two that grow at once reserve the same pages twice, harmlessly. A
 process killed between reserving and raising the watermark leaves reserved pages that
 the next growth reserves again. A watermark is raised only for the layout its pages
-were reserved in (``kernels.creation.grow`` checks the generation).
+were reserved in (``kernels.grow`` checks the generation).
 
 Stores of ``WHOLE`` bytes or less are reserved whole when the segment is made, as every
 other part of the segment is (slot records, references, the general store's arena).
@@ -33,7 +33,7 @@ from shmreplay import errors
 from shmreplay._shm import layout as L
 from shmreplay._shm import lock_waits as _lock_waits
 from shmreplay._shm import segment as _segment
-from shmreplay._shm.kernels import creation
+from shmreplay._shm.kernels import table as kernels
 
 STEP = 64 << 20    # bytes: the least one growth reserves
 WHOLE = 64 << 20   # stores this large or smaller are reserved whole at creation
@@ -69,6 +69,8 @@ def grow(engine, wanted: int):
       BufferBrokenError: the buffer was stopped.
     """
     ctrl, plan = engine.ctrl, engine.data_plan
+    if int(ctrl[L.C_LAYOUT_GEN]) != engine.layout_gen:
+        return  # (reset meanwhile: the call again maps the new layout, UNMAPPED)
     steps = bool(engine.storage.steps)
     word, fresh = (L.C_ROW_LIMIT, L.C_ROW_FRESH) if steps else (L.C_SLOT_LIMIT, L.C_FRESH)
     current, total = int(ctrl[word]), plan.row_capacity
@@ -90,9 +92,14 @@ def grow(engine, wanted: int):
             "`shmreplay gc`), use a smaller max_size, or give the machine or container a "
             "larger /dev/shm (docker run --shm-size=...).")
 
-    engine.data_segment.reserve(L.store_ranges(plan, current, target), full)
+    try:
+        engine.data_segment.reserve(L.store_ranges(plan, current, target), full)
+    except errors.BufferBrokenError:
+        if int(ctrl[L.C_LAYOUT_GEN]) != engine.layout_gen:
+            return  # (its segment was removed by a reset: as above)
+        raise
     args = (target, 0) if not steps else (int(ctrl[L.C_SLOT_LIMIT]), target)
-    status = _lock_waits.call(engine, None, None, "insert", creation.grow,
+    status = _lock_waits.call(engine, None, None, "insert", kernels.grow,
                               np.int64(engine.layout_gen), *args)
     if status < 0:
         engine._raise_status(status)

@@ -199,13 +199,14 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
     if status != 0:
         return status
     distinct = known_rows.shape[0]
-    need = 0
-    for d in range(distinct):
-        if not step_rows.is_live(rows, known_rows[d], known_gens[d]):
-            need += 1
-    if step_rows.beyond_reserved(ctrl, need):
-        _unlock(ctrl)
-        return codes.GROW
+    if step_rows.growing(ctrl):  # (a table whose rows are all reserved skips this)
+        need = 0
+        for d in range(distinct):
+            if not step_rows.is_live(rows, known_rows[d], known_gens[d]):
+                need += 1
+        if step_rows.beyond_reserved(ctrl, need):
+            _unlock(ctrl)
+            return codes.GROW
     need = 0
     for d in range(distinct):
         row = known_rows[d]

@@ -41,13 +41,18 @@ def free_rows(ctrl):
 
 
 @kernel
+def growing(ctrl):
+    """Whether some step rows are not reserved yet (``C_ROW_LIMIT``). Once every row
+    is, a lack of rows is the remover's to solve."""
+    return ctrl[C_ROW_LIMIT] < ctrl[C_ROW_CAPACITY]
+
+
+@kernel
 def beyond_reserved(ctrl, need):
     """Whether taking ``need`` free rows would take a fresh one past the reserved rows
-    (``C_ROW_LIMIT``) while the row space could still grow: the call returns ``GROW``
-    before it changes anything. (Once every row is reserved, a lack of rows is the
-    remover's to solve.)"""
-    return (ctrl[C_ROW_LIMIT] < ctrl[C_ROW_CAPACITY]
-            and ctrl[C_ROW_FRESH] + need - ctrl[C_ROW_FREE_TOP] > ctrl[C_ROW_LIMIT])
+    (``C_ROW_LIMIT``; the caller checked ``growing``): the call returns ``GROW`` before
+    it changes anything."""
+    return ctrl[C_ROW_FRESH] + need - ctrl[C_ROW_FREE_TOP] > ctrl[C_ROW_LIMIT]
 
 
 @kernel

@@ -338,3 +338,20 @@ def test_a_really_full_dev_shm_at_growth_is_a_typed_error_not_sigbus():
     assert cases["verify"] == []
     assert cases["first"] == list(range(100)) and cases["whole"]
     assert cases["left"] == []
+
+
+def test_growth_doubles_between_its_least_and_its_most(buffer_name, small_steps, monkeypatch):
+    monkeypatch.setattr(growth, "MOST", 2 * STEP)  # 128 rows of 4 KiB
+    table = shmreplay.Table.queue("q", 5000, signature=SMALL)
+    with shmreplay.Server([table], name=buffer_name) as server:
+        client = shmreplay.Client(server.name)
+        engine = client._engine("q")
+        limits = []
+        for i in range(600):
+            client.insert(GW.tagged(0, i), {"q": 1.0}, timeout=5)
+            if not limits or limits[-1] != engine.ctrl[L.C_SLOT_LIMIT]:
+                limits.append(int(engine.ctrl[L.C_SLOT_LIMIT]))
+        assert limits == [64, 128, 256, 384, 512, 640]  # doubling, then 128 at a time
+        blocks = os.stat(_data_file(server)).st_blocks * 512
+        assert 640 * 4096 <= blocks < 640 * 4096 + (1 << 20)  # (+ the segment's other parts)
+        client.close()

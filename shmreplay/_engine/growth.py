@@ -12,8 +12,9 @@ slots), ``C_ROW_LIMIT`` step rows of a table of sequence items. The kernels that
 out a never-used slot or row (the high-water marks ``C_FRESH``, ``C_ROW_FRESH``) never
 hand one out at or past that watermark: they return ``GROW`` having changed nothing.
 The caller then reserves the next chunk (``grow``: every store's rows from the
-watermark to the new one, geometrically: at least doubling and at least ``STEP``
-bytes), raises the watermark under the table's lock, and calls again. If /dev/shm
+watermark to the new one, geometrically: doubling, but at least ``STEP`` and at most
+``MOST`` bytes, since the caller waits while the pages are zeroed), raises the
+watermark under the table's lock, and calls again. If /dev/shm
 cannot hold the chunk, ``SharedMemoryFullError`` names the table and the sizes; nothing
 was written, no slot taken.
 
@@ -35,8 +36,9 @@ from shmreplay._shm import lock_waits as _lock_waits
 from shmreplay._shm import segment as _segment
 from shmreplay._shm.kernels import table as kernels
 
-STEP = 64 << 20    # bytes: the least one growth reserves
-WHOLE = 64 << 20   # stores this large or smaller are reserved whole at creation
+STEP = 64 << 20        # bytes: the least one growth reserves
+MOST = 1 << 30         # bytes: the most one growth reserves (it zeroes them, ~0.8 s/GiB)
+WHOLE = 64 << 20       # stores this large or smaller are reserved whole at creation
 
 
 def initial_rows(plan: L.DataPlan, at_least: int = 0) -> int:
@@ -77,8 +79,8 @@ def grow(engine, wanted: int):
     if current >= total:
         return
     per_row = max(sum(plan.row_bytes), 1)
-    target = min(total, max(2 * current, current + max(1, STEP // per_row),
-                            int(ctrl[fresh]) + max(int(wanted), 1)))
+    more = min(max(current, STEP // per_row), max(MOST // per_row, 1))
+    target = min(total, max(current + max(more, 1), int(ctrl[fresh]) + max(int(wanted), 1)))
 
     def full(free):
         have = "an unknown amount" if free is None else _gib(free)

@@ -30,11 +30,12 @@ from shmreplay._shm import procs as _procs
 from shmreplay._shm import segment as _segment
 from shmreplay._schema import storage as _storage
 from shmreplay._shm.kernels import creation
+from shmreplay._engine import growth as _growth
 
 _POLL_MAX = 0.02  # seconds between looks at a creation under way (from 1 ms, doubling)
 
 
-def define(engine, storage, timeout=None, stores_later: bool = False):
+def define(engine, storage, timeout=None, stores_later: bool = False, rows: int = 0):
     """Makes ``storage`` the table's layout unless some process did already: claims the
     creation and creates the segment, or waits for the process that claimed it.
 
@@ -44,6 +45,7 @@ def define(engine, storage, timeout=None, stores_later: bool = False):
       timeout: Seconds to wait for another process's creation (None: while it lives).
       stores_later: Reserve the stores' memory in a second thread (a restore: see
         ``create``).
+      rows: The store rows to reserve at least (what a restore fills).
 
     Raises:
       DeadlineExceededError: another (live) process is creating the segment and did
@@ -71,7 +73,7 @@ def define(engine, storage, timeout=None, stores_later: bool = False):
             if dead[0] and out[0] == dead[0]:  # the dead claimant's file, if it made one
                 _segment.unlink(L.data_segment_name(engine.buffer_name, engine.index,
                                                     int(out[2])))
-            _create_claimed(engine, storage, token, stores_later)
+            _create_claimed(engine, storage, token, stores_later, rows)
             return
         holder, holder_start = int(out[0]), int(out[1])
         holder_pid, holder_ns = _procs.split_stamp(holder)
@@ -113,11 +115,12 @@ def _stopped_note(pid: int) -> str:
     return ""
 
 
-def _create_claimed(engine, storage, token: int, stores_later: bool = False):
+def _create_claimed(engine, storage, token: int, stores_later: bool = False, rows: int = 0):
     """Creates, maps and publishes the segment of the caller's claim ``token``; on any
     failure releases the claim, so that nobody waits for a creation given up."""
     try:
-        segment, plan, generation = create(engine, storage, token, stores_later)
+        segment, plan, generation, reserved = create(engine, storage, token, stores_later,
+                                                     rows)
     except BaseException:
         _release(engine, token)
         raise
@@ -126,7 +129,8 @@ def _create_claimed(engine, storage, token: int, stores_later: bool = False):
         engine._map_columns(segment, storage, plan, generation)
         status = _lock_waits.call(engine, None, None, "insert", creation.finish, token,
                                   int(storage.steps), plan.row_capacity, plan.width,
-                                  len(storage.columns) if storage.variable else 0)
+                                  len(storage.columns) if storage.variable else 0,
+                                  reserved)
     finally:
         if status != 1:
             # Stopped meanwhile (the owner may have unlinked the names already), or
@@ -144,10 +148,11 @@ def _create_claimed(engine, storage, token: int, stores_later: bool = False):
         engine._raise_status(status)
 
 
-def create(engine, storage, token: int, stores_later: bool = False):
+def create(engine, storage, token: int, stores_later: bool = False, rows: int = 0):
     """Creates and fills ``engine``'s table's data segment for ``storage`` under the
     name of ``token`` (the caller's claim, see ``TableEngine.define_storage``); returns
-    ``(segment, plan, generation)`` for the engine to map.
+    ``(segment, plan, generation, reserved)`` for the engine to map: ``reserved`` rows
+    of each store are reserved (at least ``rows``; ``shmreplay._engine.growth``).
 
     Its mode and group follow the buffer's header, whichever process creates it:
     0600, or 0660 and the header segment's group when the buffer is shared with its
@@ -162,11 +167,16 @@ def create(engine, storage, token: int, stores_later: bool = False):
     blob = cloudpickle.dumps(storage)
     plan = L.plan_data(storage, engine.capacity, len(blob))
     name = L.data_segment_name(engine.buffer_name, engine.index, token)
+    reserved = _growth.initial_rows(plan, rows)
+    now, stores = _growth.creation_ranges(plan, reserved)
     # A restore fills the stores as a second thread reserves them: reserving first (it
     # zeroes every page) made restoring a checkpoint of frames 40% slower.
-    later = (plan.stores[0], plan.forms) if stores_later and plan.stores else None
+    later = stores if stores_later else []
+    if not stores_later:
+        now = now + stores
     segment = _segment.Segment.create(name, plan.total_bytes, access.mode, access.group,
-                                      f"the data segment of table '{engine.name}'", later)
+                                      f"the data segment of table '{engine.name}'", now,
+                                      later)
     generation = int(engine.ctrl[L.C_LAYOUT_GEN])  # (stable: the layout is not ready)
     try:
         header = L.data_header_view(segment.buf)
@@ -183,7 +193,7 @@ def create(engine, storage, token: int, stores_later: bool = False):
         segment.unlink()
         segment.close()
         raise
-    return segment, plan, generation
+    return segment, plan, generation, reserved
 
 
 def current_name(engine) -> str:

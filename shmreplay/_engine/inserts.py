@@ -55,12 +55,12 @@ class Inserting:
                 stagings.append(staging)
             if key > 0:
                 return key
-            if key != codes.BLOCKED and key != codes.LOCK_BUSY:
+            if key != codes.BLOCKED and key != codes.LOCK_BUSY and key != codes.GROW:
                 self._raise_status(key)
         deadline = _deadline(timeout)
         slot = kernels.reserve_one(*self.arrays, _STAMP[0])
         if slot < 0:
-            if slot != codes.BLOCKED and slot != codes.LOCK_BUSY:
+            if slot != codes.BLOCKED and slot != codes.LOCK_BUSY and slot != codes.GROW:
                 self._raise_status(slot)
             slot = self.reserve(1, timeout)[0]
         try:
@@ -94,7 +94,7 @@ class Inserting:
         if status == codes.INVALID_PRIORITY:
             return None
         if status < 0:
-            if status != codes.BLOCKED and status != codes.LOCK_BUSY:
+            if status != codes.BLOCKED and status != codes.LOCK_BUSY and status != codes.GROW:
                 self._raise_status(status)
             work[:count] = self.reserve(count, timeout)
             work[count] = work[0] if kernels.ascending_run(work[:count]) else -1
@@ -159,13 +159,15 @@ class Inserting:
             self._undrained.extend(undrained)
 
     def reserve(self, n: int, timeout):
-        """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots)."""
+        """Reserves ``n`` slots to write (blocks on the rate limiter and on free slots;
+        grows the stores' reserved memory when the slots need it)."""
         if self._abandoned or self._undrained:
             self._settle_abandoned()
         slots = np.empty(n, np.int64)
         stamp = _STAMP[0]
         self._blocking(kernels.reserve, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
-                       lambda was_waiting, register: (n, stamp, was_waiting, register, slots))
+                       lambda was_waiting, register: (n, stamp, was_waiting, register, slots),
+                       grow_wanted=n)
         return slots
 
     def write(self, slots, leaves, batched: bool):
@@ -208,7 +210,7 @@ class Inserting:
         slot = self._blocking(
             kernels.reserve_item, L.C_SPACE_WAITERS, L.C_SPACE_SEQ, timeout, True,
             lambda was_waiting, register: (known_rows, known_gens, ref_steps, stamp, was_waiting,
-                                           register, rows, fresh))
+                                           register, rows, fresh), grow_wanted=distinct)
         return slot, rows, fresh
 
     def commit(self, slots, priorities, deadline=None, timeout=None):

@@ -123,11 +123,12 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
 
     # --- columns (the data segment) -----------------------------------------------------
 
-    def _create_data_segment(self, storage):
+    def _create_data_segment(self, storage, rows: int = 0):
         """Creates, fills and maps this table's data segment for ``storage`` (the
-        Server's restore, before any other process can see the table). Its stores are
-        reserved in a second thread meanwhile: see ``_ops.restore``."""
-        _data_segment.define(self, storage, 0, stores_later=True)
+        Server's restore, before any other process can see the table). Its stores'
+        first ``rows`` (at least) are reserved in a second thread meanwhile: see
+        ``_ops.restore``."""
+        _data_segment.define(self, storage, 0, stores_later=True, rows=rows)
 
     def _attach_data_segment(self) -> bool:
         """Maps the data segment another process created, once validated; False if it
@@ -154,6 +155,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
 
     def _map_columns(self, segment, storage, plan, generation: int):
         self.data_segment = segment
+        self.data_plan = plan  # (its stores grow: ``shmreplay._engine.growth``)
         self.storage = storage
         self.signature = storage.signature
         self.column_specs, self.treedef = specs.flatten(storage.signature)
@@ -377,15 +379,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         status = _lock_waits.call(self, deadline, timeout, "verify", kernels.verify)
         if status < 0:
             self._raise_status(status)
-        names = {checks.SIZE: "size counter != live items",
-                 checks.LIVE: "live-item index inconsistent",
-                 checks.LIST: "insertion-order list inconsistent",
-                 checks.TREE: "sum-tree does not match the priorities",
-                 checks.HEAP: "heap order or positions broken",
-                 checks.COUNTERS: "rate-limiter or pending counters inconsistent",
-                 checks.ROWS: "step rows' reference counts or free list inconsistent",
-                 checks.CTRL: "a control word is out of range (corrupt control block)"}
-        found = [text for bit, text in names.items() if status & bit]
+        found = [text for bit, text in checks.NAMES.items() if status & bit]
         if self.has_columns() and self.arena is not None:
             arena_status = self.arena.verify()
             if arena_status < 0:

@@ -15,6 +15,7 @@ from shmreplay._shm import lock_waits as _lock_waits
 from shmreplay._shm import sync as _sync
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
+from shmreplay._engine import growth as _growth
 from shmreplay._engine.inserts import RECLAIM_EVERY
 
 
@@ -78,8 +79,11 @@ class Waiting:
                 f"Table '{self.name}' of buffer '{self.buffer_name}' stores steps, but its "
                 "data segment is missing or unfinished: the buffer is corrupt.")
 
-    def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None):
-        """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between.
+    def _blocking(self, call, waiters_word, seq_word, timeout, inserting, make_args, io=None,
+                  grow_wanted=1):
+        """Runs ``call`` until it is not BLOCKED, sleeping on the futex in between; grows
+        the table's stores when it returns GROW (``grow_wanted``: the slots or step rows
+        the call takes).
 
         A call that ends while registered as a waiter (Ctrl-C during the sleep, a lock
         that stayed busy, a stopped buffer) withdraws its registration, so that
@@ -108,6 +112,9 @@ class Waiting:
                 waiting[0] = 0  # the kernel withdrew it (and registers again if BLOCKED)
                 if status >= 0:
                     return status
+                if status == codes.GROW:  # (nothing done: reserve more, call again)
+                    _growth.grow(self, grow_wanted)
+                    continue
                 if status != codes.BLOCKED:
                     self._raise_status(status)
                 waiting[0] = register

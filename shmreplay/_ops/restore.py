@@ -77,8 +77,8 @@ def restore_table(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -> i
     array's checksum is checked before this returns: the data columns' as they are
     read, the others' in a second thread meanwhile.
 
-    The data segment's stores are reserved by a second thread while the main one
-    reads into them (``Segment.create(..., later=...)``), and this waits for it: the
+    The data segment's stores (the rows restored, or more: ``_engine.growth``) are
+    reserved by a second thread while the main one reads into them (``Segment.create(..., later=...)``), and this waits for it: the
     two overlap on two cores (a checkpoint of 20,000 frames restored in 0.55 s instead
     of 0.9 s), and /dev/shm filling up meanwhile is an error here, never SIGBUS: the
     stores are written only by ``preadv`` (EFAULT) or after the reservation.
@@ -160,7 +160,12 @@ def _restore_checked(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -
     if storage is not None:
         # The general store is sized by the table being served, not the checkpointed one.
         storage = dataclasses.replace(storage, arena_bytes=_general.arena_bytes_of(engine.config))
-        engine._create_data_segment(storage)
+        # The stores' rows it fills are reserved (``_engine.growth``); the rest as it grows.
+        if storage.steps:
+            filled = int(saved.layout["store0"][2][0]) if "store0" in saved.layout else 0
+        else:
+            filled = int(slots.max()) + 1 if count else 0
+        engine._create_data_segment(storage, filled)
         engine.kind.restore(saved, rows, count)
     for name, value in counters.items():
         engine.ctrl[getattr(L, name)] = value

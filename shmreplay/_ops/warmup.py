@@ -208,14 +208,16 @@ def _call_every_kernel():
             next(client.sample(table, 1, emit_timesteps=False, timeout=5))
         client.mutate_priorities("steps", deletes=[int(client.sample_batch(
             "steps", 1, timeout=5).info.key[0])])
-        # Operators' calls: info, checks, dead writers, checkpoints, reset.
+        # Operators' calls: info, checks, dead writers, growth, checkpoints, reset.
+        from shmreplay._shm.kernels import table as kernels
         client.server_info()
         for engine in client._buffer.engines:
             engine.reclaim_dead_writers()
             engine.cancel(np.empty(0, np.int64))
             engine.can_insert(1), engine.can_sample(1)
             client.verify(engine.name)
-        from shmreplay._shm.kernels import table as kernels
+            if engine.has_columns():  # (raises nothing: watermarks only ever go up)
+                kernels.grow(*engine.arrays, np.int64(engine.layout_gen), 0, 0)
         kernels.wake_all(client._engine("empty").ctrl)  # (stop()'s, when a lock stays held)
         path = client.checkpoint(os.path.join(directory, "warmup.ckpt"))
         client.reset("prioritized")

@@ -43,9 +43,11 @@ One table region is five arrays (kernels receive them as views, never offsets):
   never cleared. Read only by ``TableInfo.num_episodes`` and checkpoints.
 
 Capacity is ``max_size + spare`` slots: ``spare`` slots let writers copy new items while
-the table is full (the remover evicts at commit, as Reverb does). Every segment's
-memory is reserved when it is created (``_segment.Segment.create``), so that no write
-can meet a full /dev/shm later: a large ``max_size`` costs its memory from the start.
+the table is full (the remover evicts at commit, as Reverb does). Memory is reserved
+before it is written (``_segment.Segment.create``), so that no write can meet a full
+/dev/shm later: the header segment and a data segment's small parts when they are
+created, a data segment's stores as the table fills (``shmreplay._engine.growth``), so
+a large ``max_size`` costs its memory only as it is used.
 """
 
 import dataclasses
@@ -58,9 +60,10 @@ from shmreplay._shm.kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 7  # 4: the episodes array; 5: item forms and layout stamps; 6: segment
+LAYOUT_VERSION = 8  # 4: the episodes array; 5: item forms and layout stamps; 6: segment
 # names, and writer stamps and the owner carry their pid namespace (``shmreplay._shm.procs``);
-# 7: the reference pool of items of any length (``kernels.refpool``)
+# 7: the reference pool of items of any length (``kernels.refpool``); 8: stores reserved
+# as they fill (``C_SLOT_LIMIT``, ``C_ROW_LIMIT``)
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -135,8 +138,13 @@ MUTEX_WORDS = 8
  # Arena reservations (items of any shape, ``shmreplay._shm.kernels.arena``) since the
  # layout was defined; never decremented. While 0, sampling takes the fused fast path.
  # The page after the last run taken: where the next search starts (a hint, any value).
- C_ARENA_ITEMS, C_ARENA_ROVER) = range(MUTEX_WORDS, MUTEX_WORDS + 56)
-CTRL_WORDS = 64
+ C_ARENA_ITEMS, C_ARENA_ROVER,
+ # How much of the data segment's stores is reserved (``shmreplay._engine.growth``):
+ # slots of a whole-item table (its capacity for step storage), and step rows. No
+ # kernel hands out a slot (``C_FRESH``) or row (``C_ROW_FRESH``) at or past these; it
+ # returns ``GROW`` instead, and the caller reserves more and raises them.
+ C_SLOT_LIMIT, C_ROW_LIMIT) = range(MUTEX_WORDS, MUTEX_WORDS + 58)
+CTRL_WORDS = 72
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item
 # references to it (> 0); a free row holds ``-2 - next`` (the free stack's link). The
@@ -286,6 +294,7 @@ class DataPlan:
     arena_pages: int = 0   # pages of the arena (0: none)
     arena_owners: int = 0  # byte offset of the int64 [arena_pages] page owners
     arena: int = 0         # byte offset of the arena's bytes
+    row_bytes: tuple = ()  # bytes of one row of each store
 
 
 # The general store (``shmreplay._shm.kernels.arena``): items of any shape, encoded, in
@@ -321,10 +330,11 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
     if storage.steps:  # (one more row record: the layout stamp, see ``stamp_rows``)
         refs = _align(rows + (row_capacity + 1) * ROW_FIELDS * 4)
         offset = _align(refs + (capacity + pool) * width * 4)
-    stores = []
+    stores, row_bytes = [], []
     for spec in storage.store_specs:
         stores.append(offset)
         row = int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
+        row_bytes.append(row)
         offset = _align(offset + row_capacity * row)
     forms = offset
     offset = _align(forms + capacity * 2 * 8)
@@ -337,7 +347,13 @@ def plan_data(storage, capacity: int, schema_len: int) -> DataPlan:
         offset = arena + pages * ARENA_PAGE
     return DataPlan(DATA_HEADER_SIZE, row_capacity, rows, refs, width, stores,
                     _align(max(offset, 4096), 4096), forms, pool, extents, pages, owners,
-                    arena)
+                    arena, tuple(row_bytes))
+
+
+def store_ranges(plan: DataPlan, start: int, stop: int):
+    """``(offset, length)`` of rows ``start .. stop`` of each store, in bytes."""
+    return [(offset + start * row, (stop - start) * row)
+            for offset, row in zip(plan.stores, plan.row_bytes) if row and stop > start]
 
 
 def store_views(buf, plan: DataPlan, store_specs) -> List[np.ndarray]:

@@ -19,12 +19,14 @@ import os
 import stat as _stat
 import threading
 import warnings
-from typing import Optional, Set, Tuple
+from typing import Callable, Optional, Sequence, Set, Tuple
 
 import posix_ipc
 
 from shmreplay import errors
 from shmreplay._shm import layout as _layout
+
+Ranges = Sequence[Tuple[int, int]]  # ``(start, length)`` byte ranges of a segment
 
 PRIVATE_MODE = 0o600
 GROUP_MODE = 0o660
@@ -79,14 +81,14 @@ class Segment:
     @classmethod
     def create(cls, name: str, size: int, mode: int = PRIVATE_MODE,
                group: Optional[int] = None, what: str = "segment",
-               later: Optional[Tuple[int, int]] = None) -> "Segment":
-        """Creates and maps a new zero-filled segment with all its memory reserved;
-        fails if the name exists.
+               now: Optional[Ranges] = None, later: Ranges = ()) -> "Segment":
+        """Creates and maps a new zero-filled segment with its memory reserved; fails
+        if the name exists.
 
         The memory is allocated now (``posix_fallocate``): tmpfs otherwise allocates a
         page when it is first written, and a write that finds /dev/shm full kills its
-        process with SIGBUS. A segment larger than the free space is refused before
-        anything is created.
+        process with SIGBUS. A segment whose reservation is larger than the free space
+        is refused before anything is created.
 
         Args:
           name: The POSIX name.
@@ -94,7 +96,11 @@ class Segment:
           mode: Its permission bits, set exactly (the process umask does not apply).
           group: The gid to give it; ``None`` keeps the creating process's.
           what: What the segment is, for error messages (``"buffer 'x'"``).
-          later: ``(start, end)``: bytes reserved by a second thread meanwhile, not
+          now: The ``(start, length)`` byte ranges to reserve before this returns
+            (None: the whole segment). Bytes of no range are reserved later, with
+            ``reserve``, before anything writes them (a data segment's stores grow
+            so as the table fills).
+          later: ``(start, length)`` ranges reserved by a second thread meanwhile, not
             before this returns (a restore fills them). The caller writes there only
             through the kernel (``preadv``, which fails with EFAULT where a write would
             raise SIGBUS) or after ``wait_reserved``, and calls it before any other
@@ -104,12 +110,13 @@ class Segment:
           FileExistsError: if a segment of ours has this name.
           SegmentSquattedError: if something not ours has it (another user's file, not
             a regular file, or a mode shmreplay never gives).
-          SharedMemoryFullError: if /dev/shm has less free space than ``size``.
+          SharedMemoryFullError: if /dev/shm has less free space than the reservation.
           PermissionError: if ``group`` is not one of the caller's groups.
         """
         self = cls()
         self.name = name
-        check_free_space(size, name, what)
+        now = [(0, size)] if now is None else list(now)
+        check_free_space(sum(length for _, length in (*now, *later)), name, what)
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode, size=size)
         except posix_ipc.ExistentialError as exc:
@@ -119,13 +126,10 @@ class Segment:
             os.fchmod(shm.fd, mode)  # the process umask must not widen or narrow it
             if group is not None and os.fstat(shm.fd).st_gid != group:
                 os.fchown(shm.fd, -1, group)
-            if later is None:
-                _reserve(shm.fd, 0, size, name, what)
-            else:
-                _reserve(shm.fd, 0, later[0], name, what)
-                _reserve(shm.fd, later[1], size - later[1], name, what)
-                self.reservation = Reservation(shm.fd, later[0], later[1] - later[0],
-                                               name, what)
+            for start, length in now:
+                _reserve(shm.fd, start, length, name, what)
+            if later:
+                self.reservation = Reservation(shm.fd, later, name, what)
             stat = os.fstat(shm.fd)
             self.uid, self.gid, self.mode = stat.st_uid, stat.st_gid, stat.st_mode & 0o777
             self.inode = stat.st_ino
@@ -186,6 +190,31 @@ class Segment:
         reservation, self.reservation = self.reservation, None
         if reservation is not None:
             reservation.wait()
+
+    def reserve(self, ranges: Ranges, full: Callable[[int], Exception]):
+        """Reserves more of the segment (``posix_fallocate`` of each range; idempotent,
+        so processes racing to reserve the same range do no harm). Any process that
+        mapped the segment may: it is opened again by name, and used only if the name
+        still leads to the segment mapped here.
+
+        Raises:
+          whatever ``full(free bytes of /dev/shm)`` returns, if /dev/shm is full;
+          BufferBrokenError: if the segment's name is gone (the buffer was stopped).
+        """
+        try:
+            fd = _open_existing(self.name, "data segment")
+        except errors.ShmReplayError as exc:
+            raise _gone(self.name) from exc
+        try:
+            if os.fstat(fd).st_ino != self.inode:
+                raise _gone(self.name)
+            for start, length in ranges:
+                try:
+                    _reserve(fd, start, length, self.name, "")
+                except errors.SharedMemoryFullError as exc:
+                    raise full(free_bytes()) from exc
+        finally:
+            os.close(fd)
 
     def close(self):
         """Unmaps this process's view. Views into ``buf`` must have been dropped."""
@@ -419,26 +448,33 @@ def resident_bytes(name: str) -> int:
         return 0
 
 
+def _gone(name: str) -> errors.BufferBrokenError:
+    return errors.BufferBrokenError(
+        f"{SHM_DIR}{name} is gone (its buffer was stopped or removed): attach to the "
+        "buffer that replaces it, if any, with a new Client.")
+
+
 class Reservation:
-    """``_reserve`` of a range in a second thread (``Segment.create(..., later=...)``),
+    """``_reserve`` of ranges in a second thread (``Segment.create(..., later=...)``),
     in steps of ``_STEP`` bytes: tmpfs holds the file's lock for a whole call, and the
     caller's own reservations and page faults must not wait for all of it."""
 
     _STEP = 64 << 20
 
-    def __init__(self, fd: int, start: int, length: int, name: str, what: str):
+    def __init__(self, fd: int, ranges: Ranges, name: str, what: str):
         self._fd = os.dup(fd)  # (the creator closes its own as soon as it has mapped)
         self._failure = None
-        args = (start, length, name, what)
+        args = (list(ranges), name, what)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True,
                                         name="shmreplay-reserve")
         self._thread.start()
 
-    def _run(self, start, length, name, what):
+    def _run(self, ranges, name, what):
         try:
-            for offset in range(start, start + length, self._STEP):
-                _reserve(self._fd, offset, min(self._STEP, start + length - offset),
-                         name, what)
+            for start, length in ranges:
+                for offset in range(start, start + length, self._STEP):
+                    _reserve(self._fd, offset, min(self._STEP, start + length - offset),
+                             name, what)
         except BaseException as exc:  # (raised by ``wait``, in the caller's thread)
             self._failure = exc
         finally:

@@ -30,6 +30,10 @@ INVALID_PRIORITY = -8  # update_whole, reserve_whole: a priority is negative, Na
 # caller checks its deadline (and Ctrl-C, and a stopped buffer) and calls again.
 LOCK_BUSY = -10
 NO_ARENA = -11  # arena.reserve: the item does not fit the arena even with the table emptied
+# The call needs a slot or step row past what the data segment's stores have reserved
+# (``C_SLOT_LIMIT``, ``C_ROW_LIMIT``): nothing was done; the caller reserves more
+# (``shmreplay._engine.growth``) and calls again.
+GROW = -12
 LOST = -9  # commit: a reserved slot is no longer the caller's (freed as a dead writer's)
 
 # Crash points (tests only, ``shmreplay._shm.crash_points``): places inside locked kernels
@@ -41,3 +45,4 @@ STOP_SAMPLE_DRAWN = 4     # sample: every item drawn and counted, lock held
 STOP_MUTATE_HALF = 5      # mutate: deletes done, updates not yet, lock held
 STOP_RESERVE_ITEM = 6     # reserve_item: rows pinned (and evictions done), lock held
 STOP_ARENA_RESERVED = 7   # arena.reserve: the slot and its pages taken, lock held
+STOP_GROW = 8             # creation.grow: the watermarks raised, lock held

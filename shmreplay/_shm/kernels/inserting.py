@@ -23,7 +23,8 @@ from shmreplay._shm.layout import (
 @kernel
 def _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, n, was_waiting, register, io):
     """Locks for reserving ``n`` items: 0 with the lock held if the rate limiter and the
-    free slots allow them now; else unlocked, CLOSED or BLOCKED (registered if asked)."""
+    free slots allow them now; else unlocked, CLOSED, BLOCKED (registered if asked) or
+    GROW (a slot past the reserved ones would be needed: nothing changed)."""
     status = _lock_items(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
@@ -34,6 +35,9 @@ def _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, n, was_waiting, re
         return codes.CLOSED
     if not items.can_insert(ctrl, fctrl, n) or items.free_count(ctrl) < n:
         return _block(ctrl, C_SPACE_WAITERS, C_SPACE_SEQ, register, io)
+    if items.beyond_reserved(ctrl, n):
+        _unlock(ctrl)
+        return codes.GROW
     return 0
 
 
@@ -146,13 +150,16 @@ def reserve_one(ctrl, fctrl, meta, prio, trees, refs, rows, pid):
 @kernel
 def _enter_insert_one(ctrl, fctrl, meta, prio, trees, refs, rows):
     """Locks for one insert that does not wait: 0 with the lock held; else unlocked and
-    CLOSED, BLOCKED (nobody registered as a waiter) or the lock's status."""
+    CLOSED, BLOCKED (nobody registered as a waiter), GROW or the lock's status."""
     status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
     if not items.can_insert(ctrl, fctrl, 1) or items.free_count(ctrl) < 1:
         _unlock(ctrl)
         return codes.BLOCKED
+    if items.beyond_reserved(ctrl, 1):
+        _unlock(ctrl)
+        return codes.GROW
     return 0
 
 
@@ -184,13 +191,22 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
 
     If the rows (or blocks) run out (items referencing more distinct steps than the
     row space was sized for), the remover evicts items until they fit; ``NO_ROWS`` if
-    even an empty table could not hold the item. Returns the slot, or a negative status.
+    even an empty table could not hold the item; ``GROW`` (nothing changed) if fresh rows
+    past the reserved ones would be needed. Returns the slot, or a negative status.
     """
     status = _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, 1, was_waiting, register,
                            io)
     if status != 0:
         return status
     distinct = known_rows.shape[0]
+    if step_rows.growing(ctrl):  # (a table whose rows are all reserved skips this)
+        need = 0
+        for d in range(distinct):
+            if not step_rows.is_live(rows, known_rows[d], known_gens[d]):
+                need += 1
+        if step_rows.beyond_reserved(ctrl, need):
+            _unlock(ctrl)
+            return codes.GROW
     need = 0
     for d in range(distinct):
         row = known_rows[d]
@@ -295,7 +311,8 @@ def insert_staged(segment, table, data, staging, layout, priority, pid, io):
     ``sample_gather`` (the table's arrays made here from the header ``segment``).
 
     Returns the new key (> 0); ``BLOCKED`` if the rate limiter or the free slots do not
-    allow the insert now (nothing changed: the caller waits the general way); ``BROKEN``
+    allow the insert now, ``GROW`` if the slot's rows are not reserved yet (nothing
+    changed: the caller takes the general way); ``BROKEN``
     if ``layout`` does not fit the arrays; or another status.
     """
     ctrl, fctrl, meta, prio, trees, refs, rows = _table_arrays(segment, table)
@@ -371,8 +388,8 @@ def reserve_whole(segment, table, n, priorities, largest, pid, work, io):
     finds which one and says why). ``work`` is int64 of at least ``5 * n + 1``: the
     slots go to ``work[:n]``, and ``work[n]`` receives the first slot if they are one
     ascending run (the caller then copies each column with one slice), else -1. The
-    rest is ``commit_whole``'s scratch. Returns ``n``, or a status: ``BLOCKED`` (nothing
-    reserved), ``BROKEN`` if the arrays do not have those sizes.
+    rest is ``commit_whole``'s scratch. Returns ``n``, or a status: ``BLOCKED`` or
+    ``GROW`` (nothing reserved), ``BROKEN`` if the arrays do not have those sizes.
     """
     if n < 1 or work.shape[0] < 5 * n + 1 or priorities.shape[0] != n:
         return BROKEN

@@ -21,7 +21,8 @@ from shmreplay._shm.layout import (
     C_NEXT_ID, C_ORDER_SEQ, C_PENDING, C_SAMPLER_KIND, C_SAMPLES, C_SIZE, C_SLOT_BITS,
     C_TAIL, C_TOTAL_DELETED, C_TREE_LEAVES, C_UPDATE_SEQ, F_EXPONENT0, F_MAX_DIFF,
     F_MIN_DIFF, F_SAMPLES_PER_INSERT, F_SCRATCH, M_HEAP0, M_HEAP_POS0, M_KEY, M_LIVE,
-    M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE, C_COMMIT_MARK, C_ROWS_DIRTY)
+    M_LIVE_POS, M_NEXT, M_ORDER, M_PREV, M_STATE, M_TIMES, M_UPDATE, C_COMMIT_MARK, C_ROWS_DIRTY,
+    C_SLOT_LIMIT)
 
 
 @kernel
@@ -56,6 +57,14 @@ def sample_credit(ctrl, fctrl, wanted):
 @kernel
 def free_count(ctrl):
     return ctrl[C_FREE_TOP] + ctrl[C_CAPACITY] - ctrl[C_FRESH]
+
+
+@kernel
+def beyond_reserved(ctrl, n):
+    """Whether taking ``n`` free slots (the caller checked ``free_count``) would take a
+    fresh one whose store rows are not reserved yet (``C_SLOT_LIMIT``): the call then
+    returns ``GROW`` before it changes anything."""
+    return ctrl[C_FRESH] + n - ctrl[C_FREE_TOP] > ctrl[C_SLOT_LIMIT]
 
 
 @kernel

@@ -14,7 +14,7 @@ whole items have width 0 and never reach this module's loops.
 from shmreplay._shm.kernels import codes, kernel, refpool
 from shmreplay._shm.layout import (
     C_BLOCK_FREE_HEAD, C_BLOCK_FREE_TOP, C_BLOCK_FRESH, C_REF_COLUMNS, C_FRESH, C_LAYOUT_GEN, C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_FREE_HEAD, C_ROW_FREE_TOP,
-    C_ROW_FRESH, C_ROWS_DIRTY, C_ROWS_LIVE, M_STATE, R_COUNT, R_GEN)
+    C_ROW_FRESH, C_ROWS_DIRTY, C_ROWS_LIVE, M_STATE, R_COUNT, R_GEN, C_ROW_LIMIT)
 
 
 @kernel
@@ -26,6 +26,7 @@ def forget(ctrl):
     ctrl[C_ROW_FREE_HEAD] = -1
     ctrl[C_ROW_FREE_TOP] = 0
     ctrl[C_ROW_FRESH] = 0
+    ctrl[C_ROW_LIMIT] = 0
     ctrl[C_ROWS_LIVE] = 0
     ctrl[C_ROWS_DIRTY] = 0
     ctrl[C_REF_COLUMNS] = 0
@@ -37,6 +38,21 @@ def forget(ctrl):
 @kernel
 def free_rows(ctrl):
     return ctrl[C_ROW_FREE_TOP] + ctrl[C_ROW_CAPACITY] - ctrl[C_ROW_FRESH]
+
+
+@kernel
+def growing(ctrl):
+    """Whether some step rows are not reserved yet (``C_ROW_LIMIT``). Once every row
+    is, a lack of rows is the remover's to solve."""
+    return ctrl[C_ROW_LIMIT] < ctrl[C_ROW_CAPACITY]
+
+
+@kernel
+def beyond_reserved(ctrl, need):
+    """Whether taking ``need`` free rows would take a fresh one past the reserved rows
+    (``C_ROW_LIMIT``; the caller checked ``growing``): the call returns ``GROW`` before
+    it changes anything."""
+    return ctrl[C_ROW_FRESH] + need - ctrl[C_ROW_FREE_TOP] > ctrl[C_ROW_LIMIT]
 
 
 @kernel

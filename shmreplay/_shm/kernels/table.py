@@ -11,7 +11,8 @@ Python calls kernels through this module only: it names every entry point (the
 warm-up's cache probe, ``_jit.entry_points``, lists them from here). They are defined by
 job: ``locking`` (the mutex, blocking and waking, rate checks), ``views`` (a table's
 arrays made from its header segment), ``inserting``, ``sampling``, ``priorities``, and
-``upkeep`` (reset, close, snapshots and restores, verify).
+``upkeep`` (reset, close, snapshots and restores, verify); ``creation.grow`` raises how
+much of a data segment's stores is reserved (``shmreplay._engine.growth``).
 """
 
 from shmreplay._shm.kernels.locking import (
@@ -32,11 +33,12 @@ from shmreplay._shm.kernels.priorities import (
 from shmreplay._shm.kernels.arena import arena_reserve, arena_read, arena_verify
 from shmreplay._shm.kernels.upkeep import (
     reset, close, snapshot, hold_items, release_hold, restore_items, writing_slots, verify)
+from shmreplay._shm.kernels.creation import grow
 
 __all__ = [
     "arena_read", "arena_reserve", "arena_verify",
     "ascending_run", "cancel", "close", "commit", "commit_one", "commit_whole",
-    "first_invalid_priority", "hold_items", "importance_weights", "insert_staged", "mutate",
+    "first_invalid_priority", "grow", "hold_items", "importance_weights", "insert_staged", "mutate",
     "rate_check", "release_drained", "release_hold", "reserve", "reserve_item", "reserve_one",
     "reserve_whole", "reset", "restore_items", "sample", "sample_gather", "seed", "snapshot",
     "torn_rows", "unwait", "update_whole", "update_whole_weighed", "verify", "wait",

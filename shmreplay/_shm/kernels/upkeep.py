@@ -8,7 +8,7 @@ from shmreplay._shm.kernels.locking import _bump, _lock, _lock_items, _unlock, _
 from shmreplay._shm.layout import (
     C_ARENA_ITEMS, C_ARENA_ROVER,
     C_CLOSED, C_DELETES, C_INSERTS, C_ITEMS_SEQ, C_NUM_UNIQUE, C_SAMPLES, C_SIZE, C_SPACE_SEQ,
-    C_TOTAL_DELETED, C_LAYOUT_GEN, C_SCHEMA_READY, C_DATA_TOKEN, C_FRESH, C_HEAD, M_KEY, M_NEXT,
+    C_TOTAL_DELETED, C_LAYOUT_GEN, C_SCHEMA_READY, C_DATA_TOKEN, C_FRESH, C_HEAD, C_FREE_TOP, C_FREE_HEAD, C_SLOT_LIMIT, M_KEY, M_NEXT,
     M_ORDER, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER)
 
 @kernel
@@ -33,6 +33,12 @@ def reset(ctrl, fctrl, meta, prio, trees, refs, rows, forget, out):
     out[0] = 0
     if forget and ctrl[C_SCHEMA_READY] != 0 and not _slots_in_use(ctrl, meta):
         step_rows.forget(ctrl)
+        # Every slot is free: the next layout's segment hands them out from 0 again, as
+        # far as its own reserved stores go (``C_SLOT_LIMIT``, set when it is made).
+        ctrl[C_FREE_TOP] = 0
+        ctrl[C_FREE_HEAD] = -1
+        ctrl[C_FRESH] = 0
+        ctrl[C_SLOT_LIMIT] = 0
         ctrl[C_ARENA_ITEMS] = 0
         ctrl[C_ARENA_ROVER] = 0
         ctrl[C_SCHEMA_READY] = 0

@@ -14,6 +14,7 @@ followed).
 from shmreplay._shm.kernels import codes, heap, kernel, refpool
 from shmreplay._shm.kernels.sumtree import weight
 from shmreplay._shm.layout import (
+    C_CAPACITY, C_REFS_WIDTH, C_ROW_CAPACITY, C_ROW_LIMIT, C_SCHEMA_READY, C_SLOT_LIMIT,
     C_DELETES, C_FRESH, C_REF_COLUMNS, C_ROW_FREE_HEAD, C_ROW_FREE_TOP, C_ROW_FRESH, C_ROWS_LIVE, R_COUNT, C_HEAD, C_HEAP_N0, C_INSERTS, C_PENDING, C_SAMPLER_KIND, C_SIZE,
     C_TAIL, C_TREE_LEAVES, F_EXPONENT0, M_HEAP0, M_HEAP_POS0, M_LIVE, M_LIVE_POS, M_NEXT,
     M_ORDER, M_STATE)
@@ -26,6 +27,17 @@ HEAP = 16  # heap order or positions broken
 COUNTERS = 32  # inserts - deletes != size, or pending != WRITING slots
 ROWS = 64  # a step row's reference count or the free-row stack is wrong
 CTRL = 128  # a control word is outside what the table's arrays allow
+RESERVED = 256  # a slot or step row in use past the stores' reserved part (C_*_LIMIT)
+
+NAMES = {SIZE: "size counter != live items",
+         LIVE: "live-item index inconsistent",
+         LIST: "insertion-order list inconsistent",
+         TREE: "sum-tree does not match the priorities",
+         HEAP: "heap order or positions broken",
+         COUNTERS: "rate-limiter or pending counters inconsistent",
+         ROWS: "step rows' reference counts or free list inconsistent",
+         CTRL: "a control word is out of range (corrupt control block)",
+         RESERVED: "a slot or step row in use lies past the data segment's reserved memory"}
 
 
 @kernel
@@ -41,6 +53,7 @@ def check(ctrl, fctrl, meta, prio, trees, refs, rows):
         size = min(max(size, 0), capacity)
     if refs.shape[1] > 0:
         problems |= _check_rows(ctrl, meta, refs, rows, fresh)
+    problems |= _check_reserved(ctrl, fresh)
     ready = 0
     writing = 0
     for slot in range(fresh):
@@ -111,6 +124,20 @@ def check(ctrl, fctrl, meta, prio, trees, refs, rows):
                     if 0 <= parent < fresh and heap.before(meta, prio, slot, parent, is_min):
                         problems |= HEAP
     return problems
+
+
+@kernel
+def _check_reserved(ctrl, fresh):
+    """Every slot (whole items) or step row ever handed out lies below the reserved
+    watermark, which lies within the stores: ``RESERVED`` (or ``CTRL``) otherwise."""
+    if ctrl[C_SCHEMA_READY] == 0:
+        return 0
+    slots, step_rows = ctrl[C_SLOT_LIMIT], ctrl[C_ROW_LIMIT]
+    if not (0 <= slots <= ctrl[C_CAPACITY] and 0 <= step_rows <= ctrl[C_ROW_CAPACITY]):
+        return CTRL
+    if fresh > slots or (ctrl[C_REFS_WIDTH] > 0 and ctrl[C_ROW_FRESH] > step_rows):
+        return RESERVED
+    return 0
 
 
 @kernel

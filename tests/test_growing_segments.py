@@ -26,7 +26,6 @@ from shmreplay import errors, rate_limiters, selectors
 from shmreplay._engine import growth
 from shmreplay._shm import crash_points as _crash_points
 from shmreplay._shm import layout as L
-from shmreplay._shm import segment as _segment
 from shmreplay._shm.kernels import codes
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -344,6 +344,7 @@ def reserve_and_die(name, table, queue):
     import shmreplay
     client = shmreplay.Client(name)
     engine = client._buffer.by_name[table]
+    engine.has_columns()  # (maps the stores the parent's first item made, as inserts do)
     slots = engine.reserve(1, 5)
     # Half of a write: the slot holds garbage that must never be seen.
     if engine.has_columns():

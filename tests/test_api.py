@@ -27,9 +27,11 @@ def _segment_sizes(name):
     return sum(i.st_blocks * 512 for i in infos), sum(i.st_size for i in infos)
 
 
-def test_a_million_slots_reserve_their_memory_when_created(buffer_name):
+def test_a_million_slots_reserve_their_memory_before_it_is_written(buffer_name):
     # A page allocated only when first written would kill its writer with SIGBUS if
-    # /dev/shm were full by then: every segment's memory is reserved when it is made.
+    # /dev/shm were full by then: the stores are reserved ahead of the slots handed out
+    # (a first chunk of 64 MiB here; tests/test_growing_segments.py has the growth),
+    # not all at once, so a large max_size costs nothing until used.
     signature = {"obs": shmreplay.TensorSpec((64,), np.float32), "r": shmreplay.TensorSpec((), np.float32)}
     with shmreplay.Server([_table(max_size=10**6, sampler=selectors.Prioritized(0.6),
                                   signature=signature)], name=buffer_name) as server:
@@ -40,7 +42,7 @@ def test_a_million_slots_reserve_their_memory_when_created(buffer_name):
         client.close()
     assert len(_peek.segments_of(buffer_name)) == 0
     assert reserved > 300 * 2**20  # the segments span the full capacity...
-    assert used >= reserved  # ...and hold all of it from the start
+    assert 64 * 2**20 <= used < reserved - 100 * 2**20  # ...and hold a first chunk of it
 
 
 class _FakeTFShape:

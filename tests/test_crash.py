@@ -106,6 +106,9 @@ def _queue_of_one(buffer_name):
 def test_writer_dying_between_reserve_and_commit_frees_its_slot(buffer_name):
     # A queue of one: the dead writer's reservation alone fills the rate limiter.
     with _queue_of_one(buffer_name) as (server, client, engine):
+        # A first item (taken off the queue again) makes the table's stores.
+        client.insert(_item(1), priorities={"q": 1.0}, timeout=5)
+        client.sample_batch("q", 1, timeout=5)
         queue = SPAWN.Queue()
         writer = SPAWN.Process(target=W.reserve_and_die, args=(server.name, "q", queue))
         with W.processes(writer):

@@ -71,6 +71,12 @@ def grow(engine, wanted: int):
       BufferBrokenError: the buffer was stopped.
     """
     ctrl, plan = engine.ctrl, engine.data_plan
+    if plan is None:  # this process has not mapped the table's stores yet
+        if engine.has_columns():
+            return  # (mapped now: the caller calls again)
+        raise errors.SchemaError(
+            f"Table '{engine.name}' has no stores yet: its first item defines them, so "
+            "nothing can be reserved before an insert or a writer's item maps them.")
     if int(ctrl[L.C_LAYOUT_GEN]) != engine.layout_gen:
         return  # (reset meanwhile: the call again maps the new layout, UNMAPPED)
     steps = bool(engine.storage.steps)

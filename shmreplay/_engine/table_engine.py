@@ -80,6 +80,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.episodes = L.episode_view(buf, region)  # writers' episode records
         self.episode_views = None  # their flat views (``_table_info.record_episode``)
         self.data_segment = None
+        self.data_plan = None    # its plan, once mapped (``shmreplay._engine.growth``)
         self.storage = None      # what the data segment holds (``shmreplay._schema.storage``)
         self.columns = None      # the stores: per column (whole items) or per writer field
         self.column_specs = None

@@ -22,7 +22,8 @@ Rows (issue 20, second half):
 
 Each row runs in its own process (JAX and TensorFlow never share one). Within it,
 ``--rounds`` rounds alternate constant and fed (the order flips each round), each
-``--seconds`` long after a warm-up; steps/s of every round are kept, and the table's
+``--seconds`` long (three times that for atari, a few steps a second on a busy
+2-core machine) after a warm-up; steps/s of every round are kept, and the table's
 figures are medians over rounds. The constant JAX loop never waits for a step's result
 (the fastest a JAX learner can go); the fed one does whatever the feed needs.
 
@@ -56,9 +57,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 TABLE = "replay"
-WORKLOADS = {
-    "transitions": {"batch": 256, "size": 32_768, "per": True},
-    "atari": {"batch": 32, "size": 3_000, "per": False},
+WORKLOADS = {  # time: how much longer than --seconds a round of the workload runs
+    "transitions": {"batch": 256, "size": 32_768, "per": True, "time": 1},
+    "atari": {"batch": 32, "size": 3_000, "per": False, "time": 3},
 }
 
 
@@ -114,30 +115,36 @@ def actor(name, workload, rate, stop):
 # --------------------------------------------------------------------------- timing
 
 def run_for(seconds, step, finish=lambda: None):
-    """Steps per second of ``step()`` run for about ``seconds``; ``finish()`` waits for
-    the work still in flight (JAX's asynchronous dispatch) inside the timed span."""
+    """``(steps/s, CPU seconds per step)`` of ``step()`` run for about ``seconds``;
+    ``finish()`` waits for the work still in flight (JAX's asynchronous dispatch)
+    inside the timed span. CPU time is the whole process's (every thread)."""
     perf = time.perf_counter
+    cpu0 = time.process_time()
     t0 = perf()
     end = t0 + seconds
     n = 0
     while perf() < end:
-        for _ in range(8):
-            step()
-        n += 8
+        step()
+        n += 1
     finish()
-    return n / (perf() - t0)
+    return n / (perf() - t0), (time.process_time() - cpu0) / n
 
 
 def alternate(cases, rounds, seconds, warmup):
-    """``{label: [steps/s per round]}``, the cases' order flipping every round."""
+    """``({label: [steps/s per round]}, {label: [CPU s per step per round]})``, every
+    case once per round, the order flipping every round, so that load that comes and
+    goes on the machine hits the cases of a round alike."""
     for step, finish in cases.values():
         run_for(warmup, step, finish)
-    out = {label: [] for label in cases}
+    rates = {label: [] for label in cases}
+    cpu = {label: [] for label in cases}
     order = list(cases)
     for r in range(rounds):
         for label in (order if r % 2 == 0 else order[::-1]):
-            out[label].append(run_for(seconds, *cases[label]))
-    return out
+            rate, cpu_per_step = run_for(seconds, *cases[label])
+            rates[label].append(rate)
+            cpu[label].append(cpu_per_step)
+    return rates, cpu
 
 
 # --------------------------------------------------------------------------- JAX
@@ -371,7 +378,8 @@ def run_row(args):
             procs[0].start()
         build = jax_cases if args.framework == "jax" else tf_cases
         cases = build(client, name, args.workload, refs)
-        rates = alternate(cases, args.rounds, args.seconds, args.warmup)
+        scale = WORKLOADS[args.workload]["time"]
+        rates, cpu = alternate(cases, args.rounds, args.seconds * scale, args.warmup * scale)
     finally:
         if stop is not None:
             stop.set()
@@ -384,7 +392,8 @@ def run_row(args):
         client.close()
         server.stop()
     print("ROW " + json.dumps({"framework": args.framework, "workload": args.workload,
-                               "actor": bool(args.actor), "steps_per_s": rates}))
+                               "actor": bool(args.actor), "steps_per_s": rates,
+                               "cpu_s_per_step": cpu}))
 
 
 def main(argv=None):
@@ -421,7 +430,7 @@ def main(argv=None):
                        str(args.seconds), "--warmup", str(args.warmup), "--prefix",
                        args.prefix, "--actor-rate", str(args.actor_rate)]
                 out = subprocess.run(cmd, capture_output=True, text=True,
-                                     timeout=600 + 3 * args.rounds * args.seconds)
+                                     timeout=900 + 16 * args.rounds * args.seconds)
                 lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ROW ")]
                 if out.returncode or not lines:
                     print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
@@ -439,19 +448,30 @@ def medians(row):
     return {k: statistics.median(v) for k, v in row["steps_per_s"].items()}
 
 
+def paired_ratio(row, label="fed"):
+    """The median over rounds of (label's steps/s) / (constant's, same round)."""
+    rates = row["steps_per_s"]
+    return statistics.median(f / c for f, c in zip(rates[label], rates["constant"]))
+
+
+def cpu_us(row, label):
+    return 1e6 * statistics.median(row["cpu_s_per_step"][label])
+
+
 def row_line(row):
     m = medians(row)
     rates = row["steps_per_s"]
     parts = [f"{row['framework']:3} {row['workload']:11} actor={'on ' if row['actor'] else 'off'}"]
     for label, values in rates.items():
         parts.append(f"{label} {m[label]:8.1f} ({', '.join(f'{v:.0f}' for v in values)})")
-    parts += [f"{k}/constant {m[k] / m['constant']:.2f}" for k in m if k != "constant"]
+    parts += [f"{k}/constant {paired_ratio(row, k):.2f}" for k in m if k != "constant"]
+    parts += [f"cpu/step {k} {cpu_us(row, k):.0f}us" for k in m]
     return "  ".join(parts)
 
 
 def report(rows, info, args):
     headers = ["learner", "workload", "actor", "constant batch (steps/s)",
-               "fed from shmreplay", "ratio", "rounds: constant / fed"]
+               "fed from shmreplay", "ratio", "CPU per step: constant / fed (ms)"]
     names = {"jax": "JAX, `BatchIterator`", "tf": "TF, `make_dataset` + `tf.function`"}
     loads = {"transitions": "transitions, MLP 256x256, batch 256, PER",
              "atari": "Atari frames, Nature-DQN convnet, batch 32"}
@@ -462,28 +482,29 @@ def report(rows, info, args):
                           "on" if row["actor"] else "off", "error", "", "", ""])
             continue
         m = medians(row)
-        rates = row["steps_per_s"]
         row["median_steps_per_s"] = m
-        row["ratio"] = m["fed"] / m["constant"]
+        row["ratio"] = {label: paired_ratio(row, label) for label in m if label != "constant"}
         table.append([names[row["framework"]], loads[row["workload"]],
                       "on" if row["actor"] else "off", f"{m['constant']:,.1f}",
-                      f"{m['fed']:,.1f}", f"{row['ratio']:.2f}",
-                      " ".join(f"{c:.0f}/{f:.0f}" for c, f in
-                               zip(rates["constant"], rates["fed"]))])
-    notes = [f"{args.rounds} rounds of {args.seconds} s per case, constant and fed "
-             f"alternating; medians; actor: single inserts at {args.actor_rate:.0f}/s in a "
-             "spawned process",
+                      f"{m['fed']:,.1f}", f"{row['ratio']['fed']:.2f}",
+                      f"{cpu_us(row, 'constant') / 1e3:.2f} / {cpu_us(row, 'fed') / 1e3:.2f}"])
+    notes = [f"{args.rounds} rounds of {args.seconds} s per case (atari: "
+             f"{args.seconds * WORKLOADS['atari']['time']} s), the cases alternating; steps/s: "
+             "medians over rounds; ratio: the median over rounds of fed / constant in the "
+             "same round; CPU: the whole process's (all threads) per step, median",
+             f"actor (rows 'on'): single inserts at {args.actor_rate:.0f}/s in a spawned "
+             "process, running while both constant and fed are measured",
              f"load average at end {_common.load_average()}"]
     md = _common.markdown_report("Learner feed: train steps/s, constant batch vs fed",
                                  info, notes, headers, table)
     variants = [(r, label) for r in rows for label in r.get("steps_per_s", {})
                 if label not in ("constant", "fed")]
     if variants:
-        md += "\nOther ways to feed the same step (steps/s, median; ratio to constant):\n\n"
+        md += ("\nOther ways to feed the same step (steps/s, median; paired ratio to "
+               "constant):\n\n")
         for r, label in variants:
-            m = medians(r)
             md += (f"- {r['framework']} {r['workload']}, actor {'on' if r['actor'] else 'off'}, "
-                   f"`{label}`: {m[label]:,.1f} ({m[label] / m['constant']:.2f})\n")
+                   f"`{label}`: {medians(r)[label]:,.1f} ({r['ratio'][label]:.2f})\n")
     print(md)
     if not args.no_write:
         stem = "learner-feed-" + info["date"][:10] + (f"-{args.suffix}" if args.suffix else "")

@@ -243,7 +243,9 @@ def test_queued_updates_apply_in_order_and_close_applies_the_last_ones():
                                       wait=False)
         batches.close()
         later = client.sample_batch("p", 100, timeout=1)
-        assert set(later.info.priority.tolist()) == {29.0}
+        updated = set(keys.tolist())  # (drawn with replacement: maybe not all 4)
+        for key, priority in zip(later.info.key.tolist(), later.info.priority.tolist()):
+            assert priority == (29.0 if key in updated else 1.0)
 
 
 def test_a_queued_update_that_fails_raises_from_the_next_call():
@@ -264,14 +266,9 @@ def test_a_queued_update_that_fails_raises_from_the_next_call():
             assert next(batches) is not None
 
 
-def test_a_batch_of_small_leaves_reaches_the_device_in_one_transfer(monkeypatch):
-    transferred = []
-    put = jax.device_put
-
-    def counting_put(tree, *args, **kwargs):
-        transferred.append(len(jax.tree_util.tree_leaves(tree)))
-        return put(tree, *args, **kwargs)
-    monkeypatch.setattr(jax, "device_put", counting_put)
+def test_batches_reach_the_device_through_the_jitted_identity_with_every_dtype(monkeypatch):
+    transfers = []
+    monkeypatch.setattr(jax, "device_put", lambda *a, **k: transfers.append(a) or None)
     item = {"u8": np.arange(3, dtype=np.uint8), "i8": np.int8(-5), "f16": np.float16(1.5),
             "i32": np.arange(2, dtype=np.int32), "f32": np.float32(2.5),
             "flag": np.bool_(True), "f64": np.float64(0.25)}
@@ -283,9 +280,7 @@ def test_a_batch_of_small_leaves_reaches_the_device_in_one_transfer(monkeypatch)
                            "f32": np.float32(i)}, {"u": 1.0})
         with BatchIterator(client, "u", 8, max_batches=3, importance_beta=0.5) as batches:
             got = list(batches)
-    # Per batch: the packed array (u8, i8, f16, i32, f32 and the weights), then the
-    # bool and the float64 column (JAX's x64 is off: not packed) in one more call.
-    assert transferred == [1, 2] * 3
+    assert transfers == [] and len(got) == 3  # no device_put: the jitted path
     for batch in got:
         data = {key: np.asarray(leaf) for key, leaf in batch.data.items()}
         rows = data["f32"].astype(int)

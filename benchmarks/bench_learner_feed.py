@@ -27,18 +27,27 @@ Each row runs in its own process (JAX and TensorFlow never share one). Within it
 figures are medians over rounds. The constant JAX loop never waits for a step's result
 (the fastest a JAX learner can go); the fed one does whatever the feed needs.
 
-Fed variants (all in the JSON; the table uses the first of its row):
+Fed variants (all in the JSON; the table uses ``fed``):
 
+* ``floor`` (both): the same feeding machinery over one batch sampled once, no
+  priority updates: JAX, a ``BatchIterator`` whose client's ``sample_batch`` returns
+  that batch; TF, a ``range`` mapped through one ``numpy_function`` returning it
+  (packed as ``make_dataset`` packs), prefetch 2, into the same ``tf.function``. What
+  feeding a learner from host memory costs on this machine, with no shmreplay work;
 * JAX: ``fed``: ``update_priorities(keys, td, wait=False)`` (queued, applied by the
   iterator's thread when the step has computed ``td``); ``fed_wait``: the default
   ``wait=True``, which waits for the step before the next one is dispatched;
-* TF: ``tf_step``: the ``tf.function`` takes the iterator, calls ``next`` and updates the
-  priorities with ``TFClient.update_priorities`` inside; ``eager_loop``: ``for sample in
-  dataset`` with ``client.update_priorities(keys.numpy(), td.numpy())`` beside the step;
-  ``fed_beside``: the ``tf.function`` takes the iterator and returns the keys and TD
-  errors, and ``Client.update_priorities`` runs beside it (eagerly, after each call).
+* TF: ``fed``: a ``tf.function`` takes the iterator, calls ``next`` and runs the step;
+  it returns the keys and TD errors and ``Client.update_priorities`` runs beside it,
+  after each call (the tensors are computed by then: ``.numpy()`` is free);
+  ``fed_in_graph``: the same with ``TFClient.update_priorities`` inside the function;
+  ``fed_eager_loop``: ``for sample in dataset`` (eager ``next``) with the step taking
+  the sample as its argument and the update beside it; ``constant_arg``: the
+  constant batch passed as the argument of the ``tf.function`` (the constant case
+  itself takes it from ``from_tensors(batch).repeat()``, through the same
+  ``next(iterator)`` as the fed step).
 
-Run ``python benchmarks/bench_learner_feed.py`` (about 4 minutes); ``--quick`` for a
+Run ``python benchmarks/bench_learner_feed.py`` (about 15 minutes on a busy 2-core machine); ``--quick`` for a
 smoke run. Results: ``benchmarks/results/learner-feed-<date>[-suffix].json`` and ``.md``.
 """
 
@@ -152,6 +161,7 @@ def alternate(cases, rounds, seconds, warmup):
 def jax_cases(client, name, workload, refs):
     import jax
     import jax.numpy as jnp
+    import shmreplay
     from shmreplay.jax import BatchIterator
     spec = WORKLOADS[workload]
     key = jax.random.PRNGKey(0)
@@ -214,7 +224,21 @@ def jax_cases(client, name, workload, refs):
         if spec["per"]:
             batches.flush()
 
-    cases = {"constant": (constant, finish), "fed": (fed, finish)}
+    # The floor: the same iterator (thread, transfer, queue) over one batch sampled
+    # once, and no priority updates: what feeding from host memory costs with no
+    # sampling and no table.
+    fixed_client = shmreplay.Client(name)
+    fixed_sample = fixed_client.sample_batch(TABLE, spec["batch"])
+    fixed_client.sample_batch = lambda *args, **kwargs: fixed_sample
+    floor_batches = BatchIterator(fixed_client, TABLE, spec["batch"], importance_beta=beta)
+    refs += [floor_batches, fixed_client]
+
+    def floor():
+        batch = next(floor_batches)
+        weights = batch.weights if beta is not None else const_w
+        state["p"], _ = step(state["p"], batch.data, weights)
+
+    cases = {"constant": (constant, finish), "fed": (fed, finish), "floor": (floor, finish)}
     if spec["per"]:
         cases["fed_wait"] = (lambda: fed(True), finish)
     return cases
@@ -289,36 +313,46 @@ def tf_train(workload):
 
 def tf_cases(client, name, workload, refs):
     import tensorflow as tf
-    from shmreplay import tf as stf
+    from shmreplay import _tf_batches, tf as stf
     spec = WORKLOADS[workload]
     per = spec["per"]
     train, variables = tf_train(workload)
     tf_client = stf.TFClient(name)
 
     @tf.function
-    def constant_step(sample):
+    def constant_arg_step(sample):
         train(sample)
+
+    @tf.function
+    def in_graph_step(iterator):
+        sample = next(iterator)
+        td = train(sample)
+        tf_client.update_priorities(
+            TABLE, sample.info.key, tf.cast(tf.abs(td), tf.float64) + 1e-6)
 
     @tf.function
     def iterator_step(iterator):
         sample = next(iterator)
         td = train(sample)
-        if per:
-            tf_client.update_priorities(
-                TABLE, sample.info.key, tf.cast(tf.abs(td), tf.float64) + 1e-6)
-
-    @tf.function
-    def iterator_step_keys(iterator):
-        sample = next(iterator)
-        return sample.info.key, train(sample)
+        return (sample.info.key, td) if per else td
 
     train_fn = tf.function(train)
     dataset = stf.make_dataset(name, TABLE, spec["batch"])
     iterator = iter(dataset)
     eager_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"]))
-    beside_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"]))
+    in_graph_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"]))
     const = next(iterator)
-    refs += [dataset, iterator, eager_iterator, beside_iterator, variables, tf_client]
+    refs += [dataset, iterator, eager_iterator, in_graph_iterator, variables, tf_client]
+
+    # The constant batch reaches the same step through the cheapest iterator there is
+    # (from_tensors(batch).repeat(): no Python, no copy). Not captured in the function:
+    # TensorFlow would then fold what depends on the batch alone (the weights, the
+    # concatenated inputs) and the step would do less work than the fed one.
+    const_iterator = iter(tf.data.Dataset.from_tensors(const).repeat())
+    refs.append(const_iterator)
+
+    def constant_step():
+        iterator_step(const_iterator)
 
     def eager_loop():
         sample = next(eager_iterator)
@@ -327,18 +361,42 @@ def tf_cases(client, name, workload, refs):
             client.update_priorities(TABLE, sample.info.key.numpy(),
                                      np.abs(td.numpy().astype(np.float64)) + 1e-6)
 
-    def beside():
-        keys, td = iterator_step_keys(beside_iterator)
+    def fed():
+        if not per:
+            iterator_step(iterator)
+            return
+        keys, td = iterator_step(iterator)
         client.update_priorities(TABLE, keys.numpy(),
                                  np.abs(td.numpy().astype(np.float64)) + 1e-6)
 
     def nothing():
         pass
 
-    cases = {"constant": (lambda: constant_step(const), nothing),
-             "fed": (lambda: iterator_step(iterator), nothing)}
+    # The floor: make_dataset's way into TensorFlow (a range mapped through one
+    # numpy_function, the small leaves packed, prefetch 2) returning one batch sampled
+    # once, and no priority updates: what tf.data costs with no sampling and no table.
+    flat_spec = tf.nest.flatten(dataset.element_spec)
+    packing = _tf_batches.Packing(flat_spec)
+    fixed = packing.pack([leaf.numpy() for leaf in tf.nest.flatten(const)])
+
+    def to_fixed(index):
+        flat = packing.unpack(tf.numpy_function(lambda _: fixed, [index],
+                                                packing.output_dtypes, stateful=True))
+        for tensor, leaf_spec in zip(flat, flat_spec):
+            tensor.set_shape(leaf_spec.shape)
+        return tf.nest.pack_sequence_as(dataset.element_spec, flat)
+    floor_iterator = iter(tf.data.Dataset.range(1 << 62).map(to_fixed).prefetch(2))
+    refs.append(floor_iterator)
+
+    @tf.function
+    def floor_step(iterator):
+        train(next(iterator))
+
+    cases = {"constant": (constant_step, nothing), "fed": (fed, nothing),
+             "floor": (lambda: floor_step(floor_iterator), nothing),
+             "constant_arg": (lambda: constant_arg_step(const), nothing)}
     if per:
-        cases["fed_beside"] = (beside, nothing)
+        cases["fed_in_graph"] = (lambda: in_graph_step(in_graph_iterator), nothing)
         cases["fed_eager_loop"] = (eager_loop, nothing)
     return cases
 

@@ -380,8 +380,11 @@ def tf_cases(client, name, workload, refs):
     fixed = packing.pack([leaf.numpy() for leaf in tf.nest.flatten(const)])
 
     def to_fixed(index):
-        flat = packing.unpack(tf.numpy_function(lambda _: fixed, [index],
-                                                packing.output_dtypes, stateful=True))
+        # (a fresh packed array each call, as make_dataset's: TensorFlow may reuse an
+        # input's memory for an op's output when nothing else holds it)
+        flat = packing.unpack(tf.numpy_function(lambda _: [fixed[0].copy()] + fixed[1:],
+                                                [index], packing.output_dtypes,
+                                                stateful=True))
         for tensor, leaf_spec in zip(flat, flat_spec):
             tensor.set_shape(leaf_spec.shape)
         return tf.nest.pack_sequence_as(dataset.element_spec, flat)

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from shmreplay import _batches, _tf_common as common, specs
+from shmreplay._engine import outputs as _outputs
 from shmreplay._tf_items import TrajectoryDataset
 from shmreplay.replay_sample import ReplaySample
 
@@ -150,26 +151,37 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     ends = timeout is not None  # only then can a call come back empty
     clients = common.ClientPool(server_address)
     padded = not isinstance(spec, ReplaySample)  # (ReplaySample, lengths): any length
+    # Fixed shapes: the small leaves travel packed in one uint8 array (see Packing).
+    packing = (Packing(flat_spec) if not padded and all(
+        leaf_spec.shape.is_fully_defined() for leaf_spec in flat_spec) else None)
 
     def fetch(_):
         with clients.borrow() as client:
             sample = _batches.full_batch(client, table, batch_size, timeout, pad_to=pad_to)
         if sample is None:
-            return [False] + [np.zeros([d or 0 for d in s.shape.as_list()],
-                                       s.dtype.as_numpy_dtype) for s in flat_spec]
+            empty = [np.zeros([d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype)
+                     for s in flat_spec]
+            return [False] + (empty if packing is None else packing.pack(empty))
         leaves = tf.nest.flatten(sample)
         if padded:
             leaves += tf.nest.flatten(sample.lengths)
         elif fixed_length is not None:
             _check_fixed_length(table, sample, fixed_length)
+        if packing is not None:
+            leaves = packing.pack(leaves)
         return [True] + leaves if ends else leaves
 
     def to_sample(index):
-        out_types = ([tf.bool] if ends else []) + [s.dtype for s in flat_spec]
-        flat = tf.numpy_function(fetch, [index], out_types, stateful=True)
-        for tensor, leaf_spec in zip(flat[1:] if ends else flat, flat_spec):
+        leaf_types = ([s.dtype for s in flat_spec] if packing is None
+                      else packing.output_dtypes)
+        flat = tf.numpy_function(fetch, [index], ([tf.bool] if ends else []) + leaf_types,
+                                 stateful=True)
+        leaves = flat[1:] if ends else flat
+        if packing is not None:
+            leaves = packing.unpack(leaves)
+        for tensor, leaf_spec in zip(leaves, flat_spec):
             tensor.set_shape(leaf_spec.shape)
-        sample = tf.nest.pack_sequence_as(spec, flat[1:] if ends else flat)
+        sample = tf.nest.pack_sequence_as(spec, leaves)
         return (flat[0], sample) if ends else sample
 
     indices = tf.data.Dataset.range(max_batches if max_batches >= 0 else np.iinfo(np.int64).max)
@@ -181,6 +193,74 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     if ends:
         dataset = dataset.take_while(_is_ok).map(_drop_ok)
     return common.no_lookahead(dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset)
+
+
+class Packing:
+    """How a batch's leaves cross ``tf.numpy_function``: the small ones in one array.
+
+    Each output of a ``numpy_function`` costs TensorFlow a conversion (checks, a tensor
+    made, a copy when the array is not 64-byte aligned), per batch: for a batch of
+    transitions (5 info fields and 5 columns) the outputs cost more than the sampling.
+    So the leaves below ``_outputs.POOL_FROM`` bytes of a numeric dtype are copied into
+    one uint8 array, each at a 64-byte aligned offset, and taken apart in the graph
+    (a slice and a bitcast each). Larger leaves, which come aligned from the engine's
+    pool, pass as they are, without a copy. Fixed shapes only (the offsets are fixed).
+    """
+
+    def __init__(self, flat_spec):
+        self.specs = flat_spec
+        self.layouts = [(spec.dtype.as_numpy_dtype, tuple(spec.shape.as_list()))
+                        for spec in flat_spec]
+        self.offsets = []  # per leaf: its byte offset in the packed array, or None
+        size = 0
+        for spec in flat_spec:
+            nbytes = spec.shape.num_elements() * spec.dtype.size
+            if (spec.dtype.is_numpy_compatible and spec.dtype != tf.bool
+                    and (spec.dtype.is_integer or spec.dtype.is_floating)
+                    and nbytes < _outputs.POOL_FROM):
+                self.offsets.append(size)
+                size += -(-nbytes // _outputs.ALIGN) * _outputs.ALIGN
+            else:
+                self.offsets.append(None)
+        self.size = size
+        self.output_dtypes = [tf.uint8] + [spec.dtype for spec, offset
+                                           in zip(flat_spec, self.offsets) if offset is None]
+
+    def pack(self, leaves):
+        """``[packed uint8 array] + the leaves not packed``, in order."""
+        raw = np.empty(self.size + _outputs.ALIGN, np.uint8)
+        start = -raw.ctypes.data % _outputs.ALIGN  # (aligned: TensorFlow takes it as is)
+        packed = raw[start:start + self.size]
+        rest = []
+        for index, (leaf, offset) in enumerate(zip(leaves, self.offsets)):
+            if offset is None:
+                rest.append(leaf)
+                continue
+            dtype, shape = self.layouts[index]
+            if leaf.dtype != dtype or leaf.shape != shape:  # (never reinterpret bytes)
+                raise ValueError(
+                    f"make_dataset: leaf {index} of the batch is {leaf.dtype}{list(leaf.shape)}, "
+                    f"the dataset's spec says {np.dtype(dtype)}{list(shape)}.")
+            packed[offset:offset + leaf.nbytes] = np.ascontiguousarray(leaf).reshape(-1).view(
+                np.uint8)
+        return [packed] + rest
+
+    def unpack(self, outputs):
+        """The leaves (tensors) from ``outputs`` of the ``numpy_function``."""
+        packed, rest = outputs[0], iter(outputs[1:])
+        leaves = []
+        for spec, offset in zip(self.specs, self.offsets):
+            if offset is None:
+                leaves.append(next(rest))
+                continue
+            count, itemsize = spec.shape.num_elements(), spec.dtype.size
+            piece = packed[offset:offset + count * itemsize]
+            if itemsize > 1:
+                piece = tf.reshape(piece, [count, itemsize])
+            if spec.dtype != tf.uint8:
+                piece = tf.bitcast(piece, spec.dtype)
+            leaves.append(tf.reshape(piece, spec.shape))
+        return leaves
 
 
 def _check_fixed_length(table, sample, fixed_length):

@@ -4,6 +4,7 @@ JAX is imported only in this file.
 """
 
 import contextlib
+import threading
 import time
 
 import jax
@@ -191,3 +192,103 @@ def test_batches_kept_by_the_learner_stay_intact():
             x, i = np.asarray(batch.data["x"]), np.asarray(batch.data["i"])
             assert np.array_equal(x, np.repeat(i[:, None].astype(np.float32), 3, axis=1))
         assert len({tuple(np.asarray(b.data["i"]).tolist()) for b in kept}) > 20
+
+
+class _Blocked:
+    """TD errors that are not ready until ``ready`` is set (like a JAX array whose step
+    is still running); records the threads that fetched them."""
+
+    def __init__(self, values):
+        self.values = np.asarray(values, np.float64)
+        self.ready = threading.Event()
+        self.fetched_by = []
+
+    def __array__(self, dtype=None, copy=None):
+        self.fetched_by.append(threading.get_ident())
+        assert self.ready.wait(10)
+        return self.values if dtype is None else self.values.astype(dtype)
+
+
+def test_update_priorities_without_waiting_returns_before_the_td_errors_exist():
+    with serve(prioritized()) as client:
+        fill(client, "p", 10)
+        with BatchIterator(client, "p", 10, max_batches=2) as batches:
+            batch = next(batches)
+            keys = batch.info.key
+            td = _Blocked(np.where(np.arange(10) == 0, 9.0, -2.0))
+            start = time.monotonic()
+            assert batches.update_priorities(keys, td, epsilon=1.0, wait=False) is None
+            assert time.monotonic() - start < 1.0
+            next(batches)  # the learner goes on while the update waits for its errors
+            unchanged = client.sample_batch("p", 200, timeout=1)
+            assert set(unchanged.info.priority.tolist()) == {1.0}
+            td.ready.set()
+            assert batches.flush() == 10
+            assert td.fetched_by and threading.get_ident() not in td.fetched_by
+        expected = {}
+        for key, error in zip(keys, td.values):
+            expected[int(key)] = abs(error) + 1.0
+        later = client.sample_batch("p", 200, timeout=1)
+        for key, priority in zip(later.info.key, later.info.priority):
+            assert priority == expected.get(int(key), 1.0)
+
+
+def test_queued_updates_apply_in_order_and_close_applies_the_last_ones():
+    with serve(prioritized()) as client:
+        fill(client, "p", 4)
+        batches = BatchIterator(client, "p", 4, max_batches=1)
+        keys = next(batches).info.key
+        for value in range(1, 30):  # more than MAX_PENDING_UPDATES: some calls wait
+            batches.update_priorities(keys, jax.numpy.full(4, float(value)), epsilon=0.0,
+                                      wait=False)
+        batches.close()
+        later = client.sample_batch("p", 100, timeout=1)
+        updated = set(keys.tolist())  # (drawn with replacement: maybe not all 4)
+        for key, priority in zip(later.info.key.tolist(), later.info.priority.tolist()):
+            assert priority == (29.0 if key in updated else 1.0)
+
+
+def test_a_queued_update_that_fails_raises_from_the_next_call():
+    with serve(prioritized()) as client:
+        fill(client, "p", 4)
+        with BatchIterator(client, "p", 4, max_batches=3) as batches:
+            keys = next(batches).info.key
+            batches.update_priorities(keys, np.full(4, np.nan), wait=False)
+            with pytest.raises(errors.InvalidPriorityError):
+                batches.flush()
+            batches.flush()  # raised once
+            batches.update_priorities(keys, np.full(4, np.inf), wait=False)
+            deadline = time.monotonic() + 10
+            while batches._update_error is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(errors.InvalidPriorityError):
+                next(batches)
+            assert next(batches) is not None
+
+
+def test_batches_reach_the_device_through_the_jitted_identity_with_every_dtype(monkeypatch):
+    transfers = []
+    monkeypatch.setattr(jax, "device_put", lambda *a, **k: transfers.append(a) or None)
+    item = {"u8": np.arange(3, dtype=np.uint8), "i8": np.int8(-5), "f16": np.float16(1.5),
+            "i32": np.arange(2, dtype=np.int32), "f32": np.float32(2.5),
+            "flag": np.bool_(True), "f64": np.float64(0.25)}
+    table = shmreplay.Table("u", selectors.Uniform(), selectors.Fifo(), 100,
+                            rate_limiters.MinSize(1))
+    with serve(table) as client:
+        for i in range(20):
+            client.insert({**item, "u8": item["u8"] + i, "i32": item["i32"] * i,
+                           "f32": np.float32(i)}, {"u": 1.0})
+        with BatchIterator(client, "u", 8, max_batches=3, importance_beta=0.5) as batches:
+            got = list(batches)
+    assert transfers == [] and len(got) == 3  # no device_put: the jitted path
+    for batch in got:
+        data = {key: np.asarray(leaf) for key, leaf in batch.data.items()}
+        rows = data["f32"].astype(int)
+        assert np.array_equal(data["u8"], np.arange(3, dtype=np.uint8) + rows[:, None])
+        assert np.array_equal(data["i32"], np.arange(2, dtype=np.int32) * rows[:, None])
+        assert data["i8"].dtype == np.int8 and set(data["i8"].tolist()) == {-5}
+        assert data["f16"].dtype == np.float16 and set(data["f16"].tolist()) == {1.5}
+        assert data["flag"].dtype == np.bool_ and data["flag"].all()
+        assert data["f64"].dtype == np.float32 and set(data["f64"].tolist()) == {0.25}
+        assert np.allclose(np.asarray(batch.weights), batch.info.importance_weights(0.5))
+        assert all(leaf.devices() == {batches.device} for leaf in batch.data.values())

@@ -1,0 +1,90 @@
+"""The models of ``bench_learner_feed.py``: parameters, and the TensorFlow step.
+
+Not a public module; the benchmark imports it from its own directory.
+"""
+
+import numpy as np
+
+from bench_learner_feed import WORKLOADS
+
+
+def jax_init(workload, key):
+    import jax
+    import jax.numpy as jnp
+
+    def dense(k, n_in, n_out):
+        return [jax.random.normal(k, (n_in, n_out), jnp.float32) / float(np.sqrt(n_in)),
+                jnp.zeros(n_out, jnp.float32)]
+    keys = jax.random.split(key, 5)
+    if workload == "transitions":
+        return dense(keys[0], 18, 256) + dense(keys[1], 256, 256) + dense(keys[2], 256, 1)
+    convs = []
+    for k, (size, n_in, n_out) in zip(keys, ((8, 4, 32), (4, 32, 64), (3, 64, 64))):
+        convs += [jax.random.normal(k, (size, size, n_in, n_out), jnp.float32)
+                  / float(np.sqrt(size * size * n_in)), jnp.zeros(n_out, jnp.float32)]
+    return convs + dense(keys[3], 3136, 512) + dense(keys[4], 512, 18)
+
+
+def tf_train(workload):
+    """``train(sample) -> td errors``: one SGD step of ``workload`` 's model (to trace)."""
+    import tensorflow as tf
+    per = WORKLOADS[workload]["per"]
+    variables = tf_init(workload)
+
+    if workload == "transitions":
+        def q_values(obs, act):
+            h = tf.concat([obs, act], axis=1)
+            h = tf.nn.relu(h @ variables[0] + variables[1])
+            h = tf.nn.relu(h @ variables[2] + variables[3])
+            return (h @ variables[4] + variables[5])[:, 0]
+
+        def td_errors(data):
+            target = data["rew"] + 0.99 * (1 - data["done"]) * tf.stop_gradient(
+                q_values(data["next_obs"], data["act"]))
+            return target - q_values(data["obs"], data["act"])
+    else:
+        def q_all(frames):
+            h = tf.cast(frames, tf.float32) / 255.0
+            for i, stride in ((0, 4), (2, 2), (4, 1)):
+                h = tf.nn.relu(tf.nn.conv2d(h, variables[i], stride, "VALID") + variables[i + 1])
+            h = tf.nn.relu(tf.reshape(h, [tf.shape(h)[0], -1]) @ variables[6] + variables[7])
+            return h @ variables[8] + variables[9]
+
+        def td_errors(data):
+            target = data["reward"] + data["discount"] * tf.stop_gradient(
+                tf.reduce_max(q_all(data["next_obs"]), axis=1))
+            q = tf.gather(q_all(data["obs"]), data["action"], axis=1, batch_dims=1)
+            return target - q
+
+    def train(sample):
+        if per:
+            n_p = tf.cast(sample.info.table_size, tf.float64) * sample.info.probability
+            weights = tf.cast(n_p ** -0.4, tf.float32)
+            weights = weights / tf.reduce_max(weights)
+        else:
+            weights = 1.0
+        with tf.GradientTape() as tape:
+            td = td_errors(sample.data)
+            loss = tf.reduce_mean(weights * td ** 2)
+        for var, grad in zip(variables, tape.gradient(loss, variables)):
+            var.assign_sub(1e-4 * grad)
+        return td
+
+    return train, variables
+
+
+def tf_init(workload):
+    import tensorflow as tf
+    rng = np.random.default_rng(0)
+
+    def dense(n_in, n_out):
+        return [tf.Variable(rng.standard_normal((n_in, n_out), np.float32) / float(np.sqrt(n_in))),
+                tf.Variable(np.zeros(n_out, np.float32))]
+    if workload == "transitions":
+        return dense(18, 256) + dense(256, 256) + dense(256, 1)
+    convs = []
+    for size, n_in, n_out in ((8, 4, 32), (4, 32, 64), (3, 64, 64)):
+        convs += [tf.Variable(rng.standard_normal((size, size, n_in, n_out), np.float32)
+                              / float(np.sqrt(size * size * n_in))),
+                  tf.Variable(np.zeros(n_out, np.float32))]
+    return convs + dense(3136, 512) + dense(512, 18)

@@ -1,0 +1,498 @@
+#!/usr/bin/env python
+"""Train steps per second: a step on a constant batch against the same step fed from a table.
+
+What a learner's user sees is train steps per second, so this measures the learner's
+step, not the sampling: the same compiled step runs on a batch already in memory
+("constant") and on batches fed from shmreplay ("fed"), and the ratio fed / constant
+says how much of the learner's speed the feed costs.
+
+Rows (issue 20, second half):
+
+* learners: JAX, ``shmreplay.jax.BatchIterator`` and a ``jax.jit`` step; TensorFlow,
+  ``shmreplay.tf.make_dataset`` and a ``tf.function`` step;
+* workloads: *transitions* (obs f32[15], act f32[3], rew f32, next_obs f32[15], done
+  f32; a Q-network MLP 256x256 on obs+act, TD loss, SGD), batch 256, ``Prioritized(0.6)``
+  table of 32,768 items, importance weights in the step and priorities ``|td| + 1e-6``
+  updated after every step; *atari* (obs, next_obs u8[84,84,4], action i32, reward,
+  discount f32; the Nature-DQN convnet, Q-learning loss, SGD), batch 32, uniform table
+  of 3,000 items;
+* without an actor, and with one actor in a spawned process inserting single items at
+  ``--actor-rate`` per second into the same table (the constant step is then measured
+  with that actor running too).
+
+Each row runs in its own process (JAX and TensorFlow never share one). Within it,
+``--rounds`` rounds alternate constant and fed (the order flips each round), each
+``--seconds`` long (three times that for atari, a few steps a second on a busy
+2-core machine) after a warm-up; steps/s of every round are kept, and the table's
+figures are medians over rounds. The constant JAX loop never waits for a step's result
+(the fastest a JAX learner can go); the fed one does whatever the feed needs.
+
+Fed variants (all in the JSON; the table uses ``fed``):
+
+* ``floor`` (both): the same feeding machinery over one batch sampled once, no
+  priority updates: JAX, a ``BatchIterator`` whose client's ``sample_batch`` returns
+  that batch; TF, a ``range`` mapped through one ``numpy_function`` returning it
+  (packed as ``make_dataset`` packs), prefetch 2, into the same ``tf.function``. What
+  feeding a learner from host memory costs on this machine, with no shmreplay work;
+* JAX: ``fed``: ``update_priorities(keys, td, wait=False)`` (queued, applied by the
+  iterator's thread when the step has computed ``td``); ``fed_wait``: the default
+  ``wait=True``, which waits for the step before the next one is dispatched;
+* TF: ``fed``: a ``tf.function`` takes the iterator, calls ``next`` and runs the step;
+  it returns the keys and TD errors and ``Client.update_priorities`` runs beside it,
+  after each call (the tensors are computed by then: ``.numpy()`` is free);
+  ``fed_in_graph``: the same with ``TFClient.update_priorities`` inside the function;
+  ``fed_eager_loop``: ``for sample in dataset`` (eager ``next``) with the step taking
+  the sample as its argument and the update beside it; ``constant_arg``: the
+  constant batch passed as the argument of the ``tf.function`` (the constant case
+  itself takes it from ``from_tensors(batch).repeat()``, through the same
+  ``next(iterator)`` as the fed step).
+
+Run ``python benchmarks/bench_learner_feed.py`` (about 15 minutes on a busy 2-core machine); ``--quick`` for a
+smoke run. Results: ``benchmarks/results/learner-feed-<date>[-suffix].json`` and ``.md``.
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+TABLE = "replay"
+WORKLOADS = {  # time: how much longer than --seconds a round of the workload runs
+    "transitions": {"batch": 256, "size": 32_768, "per": True, "time": 1},
+    "atari": {"batch": 32, "size": 3_000, "per": False, "time": 3},
+}
+
+
+# --------------------------------------------------------------------------- items
+
+def make_items(workload, n, rng):
+    if workload == "transitions":
+        return {"obs": rng.standard_normal((n, 15), np.float32),
+                "act": rng.standard_normal((n, 3), np.float32),
+                "rew": rng.standard_normal(n, np.float32),
+                "next_obs": rng.standard_normal((n, 15), np.float32),
+                "done": (rng.random(n) < 0.05).astype(np.float32)}
+    return {"obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8),
+            "action": rng.integers(0, 18, n).astype(np.int32),
+            "reward": rng.standard_normal(n, np.float32),
+            "discount": np.full(n, 0.99, np.float32),
+            "next_obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8)}
+
+
+def make_server(shmreplay, name, workload):
+    from shmreplay import rate_limiters, selectors
+    spec = WORKLOADS[workload]
+    sampler = selectors.Prioritized(0.6) if spec["per"] else selectors.Uniform()
+    server = shmreplay.Server([shmreplay.Table(
+        TABLE, sampler=sampler, remover=selectors.Fifo(), max_size=spec["size"],
+        rate_limiter=rate_limiters.MinSize(1))], name=name)
+    client = shmreplay.Client(name)
+    rng = np.random.default_rng(0)
+    for start in range(0, spec["size"], 500):
+        n = min(500, spec["size"] - start)
+        client.insert_batch(make_items(workload, n, rng),
+                            priorities={TABLE: rng.random(n) + 0.1})
+    return server, client
+
+
+def actor(name, workload, rate, stop):
+    """Inserts single items at ``rate`` per second until ``stop`` is set."""
+    import shmreplay
+    client = shmreplay.Client(name)
+    rng = np.random.default_rng(1)
+    pool = make_items(workload, 64, rng)
+    items = [{k: v[i] for k, v in pool.items()} for i in range(64)]
+    t0, n = time.monotonic(), 0
+    while not stop.is_set():
+        client.insert(items[n % 64], priorities={TABLE: 1.0})
+        n += 1
+        ahead = t0 + n / rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+    client.close()
+
+
+# --------------------------------------------------------------------------- timing
+
+def run_for(seconds, step, finish=lambda: None):
+    """``(steps/s, CPU seconds per step)`` of ``step()`` run for about ``seconds``;
+    ``finish()`` waits for the work still in flight (JAX's asynchronous dispatch)
+    inside the timed span. CPU time is the whole process's (every thread)."""
+    perf = time.perf_counter
+    cpu0 = time.process_time()
+    t0 = perf()
+    end = t0 + seconds
+    n = 0
+    while perf() < end:
+        step()
+        n += 1
+    finish()
+    return n / (perf() - t0), (time.process_time() - cpu0) / n
+
+
+def alternate(cases, rounds, seconds, warmup):
+    """``({label: [steps/s per round]}, {label: [CPU s per step per round]})``, every
+    case once per round, the order flipping every round, so that load that comes and
+    goes on the machine hits the cases of a round alike."""
+    for step, finish in cases.values():
+        run_for(warmup, step, finish)
+    rates = {label: [] for label in cases}
+    cpu = {label: [] for label in cases}
+    order = list(cases)
+    for r in range(rounds):
+        for label in (order if r % 2 == 0 else order[::-1]):
+            rate, cpu_per_step = run_for(seconds, *cases[label])
+            rates[label].append(rate)
+            cpu[label].append(cpu_per_step)
+    return rates, cpu
+
+
+# --------------------------------------------------------------------------- JAX
+
+def jax_cases(client, name, workload, refs):
+    import _learner_models
+    import jax
+    import jax.numpy as jnp
+    import shmreplay
+    from shmreplay.jax import BatchIterator
+    spec = WORKLOADS[workload]
+    key = jax.random.PRNGKey(0)
+    params = _learner_models.jax_init(workload, key)
+
+    if workload == "transitions":
+        def q_values(p, obs, act):
+            h = jnp.concatenate([obs, act], axis=1)
+            h = jax.nn.relu(h @ p[0] + p[1])
+            h = jax.nn.relu(h @ p[2] + p[3])
+            return (h @ p[4] + p[5])[:, 0]
+
+        def loss(p, data, weights):
+            target = data["rew"] + 0.99 * (1 - data["done"]) * jax.lax.stop_gradient(
+                q_values(p, data["next_obs"], data["act"]))
+            td = target - q_values(p, data["obs"], data["act"])
+            return jnp.mean(weights * td ** 2), td
+    else:
+        def q_all(p, frames):
+            h = frames.astype(jnp.float32) / 255.0
+            for i, stride in ((0, 4), (2, 2), (4, 1)):
+                h = jax.lax.conv_general_dilated(h, p[i], (stride, stride), "VALID",
+                                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                h = jax.nn.relu(h + p[i + 1])
+            h = jax.nn.relu(h.reshape(h.shape[0], -1) @ p[6] + p[7])
+            return h @ p[8] + p[9]
+
+        def loss(p, data, weights):
+            target = data["reward"] + data["discount"] * jax.lax.stop_gradient(
+                q_all(p, data["next_obs"]).max(axis=1))
+            q = jnp.take_along_axis(q_all(p, data["obs"]), data["action"][:, None], 1)[:, 0]
+            td = target - q
+            return jnp.mean(weights * td ** 2), td
+
+    @jax.jit
+    def step(p, data, weights):
+        (_, td), grads = jax.value_and_grad(loss, has_aux=True)(p, data, weights)
+        return jax.tree_util.tree_map(lambda w, g: w - 1e-4 * g, p, grads), td
+
+    state = {"p": params}
+    beta = 0.4 if spec["per"] else None
+    batches = BatchIterator(client, TABLE, spec["batch"], importance_beta=beta)
+    refs.append(batches)
+    first = next(batches)
+    const_data = first.data
+    const_w = first.weights if beta is not None else jnp.ones(spec["batch"], jnp.float32)
+
+    def constant():
+        state["p"], _ = step(state["p"], const_data, const_w)
+
+    def fed(wait=False):
+        batch = next(batches)
+        weights = batch.weights if beta is not None else const_w
+        state["p"], td = step(state["p"], batch.data, weights)
+        if spec["per"]:
+            batches.update_priorities(batch.info.key, td, wait=wait)
+
+    def finish():
+        jax.block_until_ready(state["p"])
+        if spec["per"]:
+            batches.flush()
+
+    # The floor: the same iterator (thread, transfer, queue) over one batch sampled
+    # once, and no priority updates: what feeding from host memory costs with no
+    # sampling and no table.
+    fixed_client = shmreplay.Client(name)
+    fixed_sample = fixed_client.sample_batch(TABLE, spec["batch"])
+    fixed_client.sample_batch = lambda *args, **kwargs: fixed_sample
+    floor_batches = BatchIterator(fixed_client, TABLE, spec["batch"], importance_beta=beta)
+    refs += [floor_batches, fixed_client]
+
+    def floor():
+        batch = next(floor_batches)
+        weights = batch.weights if beta is not None else const_w
+        state["p"], _ = step(state["p"], batch.data, weights)
+
+    cases = {"constant": (constant, finish), "fed": (fed, finish), "floor": (floor, finish)}
+    if spec["per"]:
+        cases["fed_wait"] = (lambda: fed(True), finish)
+    return cases
+
+
+# --------------------------------------------------------------------------- TensorFlow
+
+def tf_cases(client, name, workload, refs):
+    import _learner_models
+    import tensorflow as tf
+    from shmreplay import _tf_batches, tf as stf
+    spec = WORKLOADS[workload]
+    per = spec["per"]
+    train, variables = _learner_models.tf_train(workload)
+    tf_client = stf.TFClient(name)
+
+    @tf.function
+    def constant_arg_step(sample):
+        train(sample)
+
+    @tf.function
+    def in_graph_step(iterator):
+        sample = next(iterator)
+        td = train(sample)
+        tf_client.update_priorities(
+            TABLE, sample.info.key, tf.cast(tf.abs(td), tf.float64) + 1e-6)
+
+    @tf.function
+    def iterator_step(iterator):
+        sample = next(iterator)
+        td = train(sample)
+        return (sample.info.key, td) if per else td
+
+    train_fn = tf.function(train)
+    dataset = stf.make_dataset(name, TABLE, spec["batch"])
+    iterator = iter(dataset)
+    eager_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"]))
+    in_graph_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"]))
+    const = next(iterator)
+    refs += [dataset, iterator, eager_iterator, in_graph_iterator, variables, tf_client]
+
+    # The constant batch reaches the same step through the cheapest iterator there is
+    # (from_tensors(batch).repeat(): no Python, no copy). Not captured in the function:
+    # TensorFlow would then fold what depends on the batch alone (the weights, the
+    # concatenated inputs) and the step would do less work than the fed one.
+    const_iterator = iter(tf.data.Dataset.from_tensors(const).repeat())
+    refs.append(const_iterator)
+
+    def constant_step():
+        iterator_step(const_iterator)
+
+    def eager_loop():
+        sample = next(eager_iterator)
+        td = train_fn(sample)
+        if per:
+            client.update_priorities(TABLE, sample.info.key.numpy(),
+                                     np.abs(td.numpy().astype(np.float64)) + 1e-6)
+
+    def fed():
+        if not per:
+            iterator_step(iterator)
+            return
+        keys, td = iterator_step(iterator)
+        client.update_priorities(TABLE, keys.numpy(),
+                                 np.abs(td.numpy().astype(np.float64)) + 1e-6)
+
+    def nothing():
+        pass
+
+    # The floor: make_dataset's way into TensorFlow (a range mapped through one
+    # numpy_function, the small leaves packed, prefetch 2) returning one batch sampled
+    # once, and no priority updates: what tf.data costs with no sampling and no table.
+    flat_spec = tf.nest.flatten(dataset.element_spec)
+    packing = _tf_batches.Packing(flat_spec)
+    fixed = packing.pack([leaf.numpy() for leaf in tf.nest.flatten(const)])
+
+    def to_fixed(index):
+        # (a fresh packed array each call, as make_dataset's: TensorFlow may reuse an
+        # input's memory for an op's output when nothing else holds it)
+        flat = packing.unpack(tf.numpy_function(lambda _: [fixed[0].copy()] + fixed[1:],
+                                                [index], packing.output_dtypes,
+                                                stateful=True))
+        for tensor, leaf_spec in zip(flat, flat_spec):
+            tensor.set_shape(leaf_spec.shape)
+        return tf.nest.pack_sequence_as(dataset.element_spec, flat)
+    floor_iterator = iter(tf.data.Dataset.range(1 << 62).map(to_fixed).prefetch(2))
+    refs.append(floor_iterator)
+
+    @tf.function
+    def floor_step(iterator):
+        train(next(iterator))
+
+    cases = {"constant": (constant_step, nothing), "fed": (fed, nothing),
+             "floor": (lambda: floor_step(floor_iterator), nothing),
+             "constant_arg": (lambda: constant_arg_step(const), nothing)}
+    if per:
+        cases["fed_in_graph"] = (lambda: in_graph_step(in_graph_iterator), nothing)
+        cases["fed_eager_loop"] = (eager_loop, nothing)
+    return cases
+
+
+# --------------------------------------------------------------------------- one row
+
+def run_row(args):
+    """One (framework, workload, actor) row in this process; prints its JSON."""
+    import shmreplay
+    name = f"{args.prefix}-{os.getpid()}"
+    server, client = make_server(shmreplay, name, args.workload)
+    refs, procs = [], []
+    stop = None
+    try:
+        if args.actor:
+            ctx = multiprocessing.get_context("spawn")
+            stop = ctx.Event()
+            procs.append(ctx.Process(target=actor, args=(name, args.workload,
+                                                         args.actor_rate, stop)))
+            procs[0].start()
+        build = jax_cases if args.framework == "jax" else tf_cases
+        cases = build(client, name, args.workload, refs)
+        scale = WORKLOADS[args.workload]["time"]
+        rates, cpu = alternate(cases, args.rounds, args.seconds * scale, args.warmup * scale)
+    finally:
+        if stop is not None:
+            stop.set()
+        _common.reap(procs)
+        for ref in refs:
+            close = getattr(ref, "close", None)
+            if callable(close):
+                close()
+        refs.clear()
+        client.close()
+        server.stop()
+    print("ROW " + json.dumps({"framework": args.framework, "workload": args.workload,
+                               "actor": bool(args.actor), "steps_per_s": rates,
+                               "cpu_s_per_step": cpu}))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--frameworks", default="jax,tf")
+    parser.add_argument("--workloads", default="transitions,atari")
+    parser.add_argument("--actors", default="off,on", help="off, on, or off,on")
+    parser.add_argument("--actor-rate", type=float, default=1000.0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--prefix", default="shmreplay.bench-feed",
+                        help="shared-memory name prefix of the buffers")
+    parser.add_argument("--suffix", default="", help="results file name suffix")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--row", nargs=3, metavar=("FRAMEWORK", "WORKLOAD", "ACTOR"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.seconds, args.warmup = 2, 1.0, 1.0
+    if args.row:
+        args.framework, args.workload, actor_flag = args.row
+        args.actor = actor_flag == "on"
+        return run_row(args)
+
+    info = _common.machine_info()
+    rows = []
+    for framework in args.frameworks.split(","):
+        for workload in args.workloads.split(","):
+            for actor_flag in args.actors.split(","):
+                cmd = [sys.executable, os.path.abspath(__file__), "--row", framework,
+                       workload, actor_flag, "--rounds", str(args.rounds), "--seconds",
+                       str(args.seconds), "--warmup", str(args.warmup), "--prefix",
+                       args.prefix, "--actor-rate", str(args.actor_rate)]
+                out = subprocess.run(cmd, capture_output=True, text=True,
+                                     timeout=900 + 16 * args.rounds * args.seconds)
+                lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ROW ")]
+                if out.returncode or not lines:
+                    print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
+                    rows.append({"framework": framework, "workload": workload,
+                                 "actor": actor_flag == "on", "error": out.stderr[-2000:]})
+                    continue
+                row = json.loads(lines[-1][4:])
+                rows.append(row)
+                print(row_line(row), flush=True)
+    report(rows, info, args)
+    _common.check_clean()
+
+
+def medians(row):
+    return {k: statistics.median(v) for k, v in row["steps_per_s"].items()}
+
+
+def paired_ratio(row, label="fed"):
+    """The median over rounds of (label's steps/s) / (constant's, same round)."""
+    rates = row["steps_per_s"]
+    return statistics.median(f / c for f, c in zip(rates[label], rates["constant"]))
+
+
+def cpu_us(row, label):
+    return 1e6 * statistics.median(row["cpu_s_per_step"][label])
+
+
+def row_line(row):
+    m = medians(row)
+    rates = row["steps_per_s"]
+    parts = [f"{row['framework']:3} {row['workload']:11} actor={'on ' if row['actor'] else 'off'}"]
+    for label, values in rates.items():
+        parts.append(f"{label} {m[label]:8.1f} ({', '.join(f'{v:.0f}' for v in values)})")
+    parts += [f"{k}/constant {paired_ratio(row, k):.2f}" for k in m if k != "constant"]
+    parts += [f"cpu/step {k} {cpu_us(row, k):.0f}us" for k in m]
+    return "  ".join(parts)
+
+
+def report(rows, info, args):
+    headers = ["learner", "workload", "actor", "constant batch (steps/s)",
+               "fed from shmreplay", "ratio", "CPU per step: constant / fed (ms)"]
+    names = {"jax": "JAX, `BatchIterator`", "tf": "TF, `make_dataset` + `tf.function`"}
+    loads = {"transitions": "transitions, MLP 256x256, batch 256, PER",
+             "atari": "Atari frames, Nature-DQN convnet, batch 32"}
+    table = []
+    for row in rows:
+        if "error" in row:
+            table.append([names[row["framework"]], loads[row["workload"]],
+                          "on" if row["actor"] else "off", "error", "", "", ""])
+            continue
+        m = medians(row)
+        row["median_steps_per_s"] = m
+        row["ratio"] = {label: paired_ratio(row, label) for label in m if label != "constant"}
+        table.append([names[row["framework"]], loads[row["workload"]],
+                      "on" if row["actor"] else "off", f"{m['constant']:,.1f}",
+                      f"{m['fed']:,.1f}", f"{row['ratio']['fed']:.2f}",
+                      f"{cpu_us(row, 'constant') / 1e3:.2f} / {cpu_us(row, 'fed') / 1e3:.2f}"])
+    notes = [f"{args.rounds} rounds of {args.seconds} s per case (atari: "
+             f"{args.seconds * WORKLOADS['atari']['time']} s), the cases alternating; steps/s: "
+             "medians over rounds; ratio: the median over rounds of fed / constant in the "
+             "same round; CPU: the whole process's (all threads) per step, median",
+             f"actor (rows 'on'): single inserts at {args.actor_rate:.0f}/s in a spawned "
+             "process, running while both constant and fed are measured",
+             f"load average at end {_common.load_average()}"]
+    md = _common.markdown_report("Learner feed: train steps/s, constant batch vs fed",
+                                 info, notes, headers, table)
+    variants = [(r, label) for r in rows for label in r.get("steps_per_s", {})
+                if label not in ("constant", "fed")]
+    if variants:
+        md += ("\nOther ways to feed the same step (steps/s, median; paired ratio to "
+               "constant):\n\n")
+        for r, label in variants:
+            md += (f"- {r['framework']} {r['workload']}, actor {'on' if r['actor'] else 'off'}, "
+                   f"`{label}`: {medians(r)[label]:,.1f} ({r['ratio'][label]:.2f})\n")
+    print(md)
+    if not args.no_write:
+        stem = "learner-feed-" + info["date"][:10] + (f"-{args.suffix}" if args.suffix else "")
+        for path in _common.write_results(stem, {"machine": info, "args": vars(args),
+                                                  "rows": rows}, md):
+            print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -272,8 +272,9 @@ class BatchIterator:
           (``flush()`` returns the count of the queued updates).
 
         Raises:
-          What ``Client.update_priorities`` raises. With ``wait=False`` a failed update
-          raises from the next call of ``update_priorities``, ``next`` or ``flush``.
+          ShmReplayError: What ``Client.update_priorities`` raises. With ``wait=False``
+            a failed update raises from the next call of ``update_priorities``, ``next``
+            or ``flush``.
         """
         self._raise_update_error()
         if wait:
@@ -320,7 +321,8 @@ class BatchIterator:
           How many keys they found in the table (since the last ``flush``).
 
         Raises:
-          What a queued update raised (the updates queued after it were dropped).
+          ShmReplayError: What a queued update raised (the updates queued after it
+            were dropped).
         """
         if self._updates is not None:
             self._updates.join()

@@ -629,6 +629,9 @@ class ItemArrays:
         engine = TableEngine("kernel-test", 0, self.config, self.region, self.buf)
         if _buf is None:
             engine.initialize()
+            # No data segment here, so no stores to grow: every slot may be handed out
+            # (a table's own watermark is set when its stores are made).
+            engine.ctrl[L.C_SLOT_LIMIT] = engine.ctrl[L.C_CAPACITY]
         else:
             _sync.init_robust_mutex(engine.ctrl)
         (self.ctrl, self.fctrl, self.meta, self.prio, self.trees, self.refs,

@@ -217,7 +217,8 @@ def run_file(venv, path, work, case_timeout, file_timeout):
             outcomes[running] = ("error", f"crash: the test process ended (status {status}) "
                                           f"in this case: {last[0][:300]}")
         deselect = sorted(outcomes)
-        os.remove(results_path)
+        if os.path.exists(results_path):  # (none if no case ended before it)
+            os.remove(results_path)
     return {_case_id(path, nodeid): value for nodeid, value in outcomes.items()}
 
 
@@ -343,6 +344,12 @@ def main():
     if args.only:
         suites = [(s, p) for s, p in suites
                   if s in args.only or os.path.basename(p) in args.only]
+    # Compile shmreplay's kernels first (once for the venv's numba cache): a cold compile
+    # on a busy machine takes minutes, which the first case's timeout would count.
+    subprocess.run([venv_python(args.venv), "-c", "import shmreplay; shmreplay.warm_up()"],
+                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                       [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+                       + [REPO])), check=True)
     per_file = {}
     for suite, path in suites:
         started = datetime.datetime.now()

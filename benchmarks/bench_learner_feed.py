@@ -64,12 +64,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+from _learner_models import WORKLOADS  # noqa: E402
 
 TABLE = "replay"
-WORKLOADS = {  # time: how much longer than --seconds a round of the workload runs
-    "transitions": {"batch": 256, "size": 32_768, "per": True, "time": 1},
-    "atari": {"batch": 32, "size": 3_000, "per": False, "time": 3},
-}
 
 
 # --------------------------------------------------------------------------- items

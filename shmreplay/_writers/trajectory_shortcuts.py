@@ -16,8 +16,6 @@ import numpy as np
 from shmreplay import errors
 from shmreplay._schema import nest_plans as _nest_plans
 from shmreplay._shm import layout as L
-from shmreplay._shm.kernels import table as kernels
-from shmreplay._shm.procs import STAMP as _STAMP
 from shmreplay._writers import writing as _writing
 from shmreplay._writers.history import TrajectoryColumn
 
@@ -188,7 +186,7 @@ class _UsualItem:
             raise errors.LayoutResetError(f"Table '{engine.name}': its layout was forgotten.")
         entries = rows.entries
         uids = [base + offset for offset in self.distinct]
-        known_rows, known_gens, out, out_rows, out_fresh = self.scratch
+        known_rows, known_gens = self.scratch[:2]
         olds = []
         for d, uid in enumerate(uids):
             entry = entries.get(uid)
@@ -198,16 +196,9 @@ class _UsualItem:
             else:
                 known_rows[d] = entry[0]
                 known_gens[d] = entry[1]
-        slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, self.ref_steps,
-                                    _STAMP[0], 0, 0, out_rows, out_fresh, _writing._SCRATCH_IO)
         n = len(uids)
-        if slot < 0:  # blocked (or not mapped yet): the engine explains, or times out
-            slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, self.ref_steps,
-                                                        0.0)
-            got_rows, fresh = got_rows.tolist(), fresh.tolist()
-        else:
-            got = out.tolist()
-            got_rows, fresh = got[:n], got[n:]
+        slot, got_rows, fresh = _writing.reserve_rows(engine, self.scratch, n, self.ref_steps,
+                                                      0.0)
         remember = []
         try:
             stores = engine.columns

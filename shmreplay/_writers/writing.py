@@ -338,6 +338,21 @@ def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float
                            [step[0] for step in steps], priority, timeout)
 
 
+def reserve_rows(engine, scratch, n: int, ref_steps, timeout):
+    """``(slot, rows, fresh)`` for an item of ``n`` distinct steps: one native call
+    reserves a slot and a row per step (the known rows of ``scratch``, a plan's
+    ``(known_rows, known_gens, out, out_rows, out_fresh)``, where still valid); if it is
+    blocked or the layout is not mapped, the engine waits, maps, or explains."""
+    known_rows, known_gens, out, out_rows, out_fresh = scratch
+    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_steps, _STAMP[0],
+                                0, 0, out_rows, out_fresh, _SCRATCH_IO)
+    if slot < 0:
+        slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_steps, timeout)
+        return slot, got_rows.tolist(), fresh.tolist()
+    got = out.tolist()
+    return slot, got[:n], got[n:]
+
+
 def insert_uniform_refs(rows: TableRows, plan: ItemPlan, column_refs, uids,
                         priority: float, timeout):
     """``insert_item`` for a uniform item, given each column's references
@@ -367,15 +382,8 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
             known_rows[i] = entry[0]
             known_gens[i] = entry[1]
             complete[i] = entry[2] == full
-    ref_steps = plan.uniform_refs(n)
-    slot = kernels.reserve_item(*engine.arrays, known_rows, known_gens, ref_steps, _STAMP[0],
-                                0, 0, out_rows, out_fresh, _SCRATCH_IO)
-    if slot < 0:  # blocked (or not mapped yet): the engine waits, maps, or explains
-        slot, got_rows, fresh = engine.reserve_item(known_rows, known_gens, ref_steps, timeout)
-        got_rows, fresh = got_rows.tolist(), fresh.tolist()
-    else:
-        got = out.tolist()
-        got_rows, fresh = got[:n], got[n:]
+    slot, got_rows, fresh = reserve_rows(engine, (known_rows, known_gens, out, out_rows,
+                                                  out_fresh), n, plan.uniform_refs(n), timeout)
     remember = []
     try:
         columns = engine.columns

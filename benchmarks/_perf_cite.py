@@ -11,7 +11,7 @@ The page's conventions (``tests/test_performance_page.py`` runs ``check(page)``)
   large.json e1; e2 -->``). FILE is in ``benchmarks/results/``; EXPR is a Python
   expression over the file's top-level keys (and ``data``, the whole file) with
   ``pick(rows, key=value, ...)``, ``median``, ``gmean``, ``mean``, ``min``, ``max``,
-  ``sum``, ``len``, ``abs``, ``sorted``. The written figure must equal the value rounded
+  ``sum``, ``len``, ``abs``, ``sorted``, ``float``, ``zip``, ``range``. The written figure must equal the value rounded
   to the digits written, after its unit (``k`` = 1e3, ``M`` = 1e6).
 * **Not measurements**: ``<!-- given -->`` after numbers that are settings, not results
   (``every 5-50 ms``) exempts the figures since the block's previous marker; a figure next
@@ -79,7 +79,7 @@ def _pick(rows, **want):
 
 HELPERS = {"pick": _pick, "median": statistics.median, "gmean": _gmean,
            "mean": statistics.mean, "min": min, "max": max, "sum": sum, "len": len,
-           "abs": abs, "sorted": sorted}
+           "abs": abs, "sorted": sorted, "float": float, "zip": zip, "range": range}
 
 
 def evaluate(name, expr, _cache={}):
@@ -90,11 +90,12 @@ def evaluate(name, expr, _cache={}):
         except sources.ResultsError as e:
             raise CitationError(str(e)) from None
     data = _cache[name]
-    scope = dict(HELPERS, data=data)
+    scope = {}
     if isinstance(data, dict):
         scope.update({k: v for k, v in data.items() if k.isidentifier()})
+    scope.update(HELPERS, data=data, __builtins__={})
     try:
-        return eval(expr, {"__builtins__": {}}, scope)  # the page's own expressions
+        return eval(expr, scope)  # the page's own expressions, over its own results
     except Exception as e:
         raise CitationError(f"{name} {expr}: {type(e).__name__}: {e}") from None
 

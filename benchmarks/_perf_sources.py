@@ -75,8 +75,25 @@ def _utc(date):
     return when.strftime("%Y-%m-%d %H:%M UTC")
 
 
+def sub_runs(data):
+    """``[(label, run)]`` of a file that holds several runs (an A/B: ``runs`` or
+    ``before``/``after``, each with its own ``machine``); empty for a single run."""
+    if isinstance(data.get("machine"), dict) or data.get("date"):
+        return []
+    runs = data.get("runs") if isinstance(data.get("runs"), dict) else \
+        {k: data[k] for k in ("before", "after") if isinstance(data.get(k), dict)}
+    return [(k, v) for k, v in runs.items() if isinstance(v, dict) and "machine" in v]
+
+
 def provenance_line(name, data):
-    """One line naming a result file's run: file, machine, date, commit, load."""
+    """One line naming a result file's run(s): file, machine, date, commit, load."""
+    subs = sub_runs(data)
+    if subs:
+        first = provenance(subs[0][1])
+        each = ", ".join(f"{label} `{provenance(run)['commit']}` at "
+                         f"{provenance(run)['date'][11:16]} (load {provenance(run)['load']})"
+                         for label, run in subs)
+        return f"`benchmarks/results/{name}`: {first['machine']}, {first['date'][:10]}: {each}"
     p = provenance(data)
     return (f"`benchmarks/results/{name}`: {p['machine']}, {p['date']}, "
             f"commit `{p['commit']}`, load average {p['load']} at the start")

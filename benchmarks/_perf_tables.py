@@ -15,41 +15,14 @@ import re
 import statistics
 
 import _perf_sources as sources
+from _perf_format import md as _md, num as _num, pick as _pick, rate as _rate, writer_cases
+from _perf_tables_ab import AB_TABLES
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
 
 class TableError(Exception):
     """A table block names an unknown table, or its files do not fit the table."""
-
-
-def _num(x, digits=2):
-    return "-" if x is None else f"{x:,.{digits}f}"
-
-
-def _rate(x):
-    """items/s as the page writes them: 142.9k, 7.98M."""
-    if x is None:
-        return "-"
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e3:
-        return f"{x / 1e3:.1f}k"
-    return f"{x:.0f}"
-
-
-def _md(headers, rows, align=None):
-    align = align or ["---"] + ["---:"] * (len(headers) - 1)
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return out
-
-
-def _pick(rows, **want):
-    for row in rows:
-        if all(row.get(k) == v for k, v in want.items()):
-            return row
-    return None
 
 
 def vs_cpprb(files):
@@ -170,11 +143,43 @@ def writers(files):
         cells = []
         for _, data in runs:
             for kind in ("small", "frames"):
-                case = data["results"].get(kind, {}).get("cases", {}).get(key)
+                case = writer_cases(data, kind).get(key)
                 cells.append(_num(case["median_us"]) if case else "")
         if any(cells):
             rows.append([label] + cells)
     return _md(headers, rows)
+
+
+DATASET_ROWS = [
+    ("baseline", "tf", "`sample_batch` (the baseline, TF worker)", False),
+    ("md_eager", "tf", "`make_dataset` npc=1, eager `next()`", True),
+    ("md2_eager", "tf", "`make_dataset` npc=2, eager `next()`", True),
+    ("md2_loop", "tf", "`make_dataset` npc=2, TF loop", True),
+    ("floor_eager", "tf", "TF itself: eager `next()` over `from_tensors(batch).repeat()`", True),
+    ("traj_loop", "tf", "`TrajectoryDataset(...).batch(B)`, TF loop", True),
+    ("jax", "jax", "`BatchIterator`, 1 worker", True),
+    ("jax2", "jax", "`BatchIterator`, 2 workers", True),
+]
+
+
+def datasets(files):
+    (name, data), = files
+    cols = [(kind, b) for kind in ("small", "frames")
+            for b in sorted(data["results"][kind]["groups"], key=int)]
+    rows = []
+    for case, worker, label, ratio in DATASET_ROWS:
+        cells = []
+        for kind, b in cols:
+            r = data["results"][kind]["groups"][b].get(worker, {}).get("cases", {}).get(case)
+            if r is None:
+                cells.append("-")
+            elif case.startswith("floor"):
+                cells.append(f"({r['ratio']:.2f})")
+            else:
+                cells.append(_rate(r["items_per_s"])
+                             + (f" ({r['ratio']:.2f})" if ratio else ""))
+        rows.append([label] + cells)
+    return _md(["items/s (÷ sample_batch)"] + [f"{kind} B={b}" for kind, b in cols], rows)
 
 
 def learner_feed(files):
@@ -284,13 +289,17 @@ def tf_client(files):
         def both(fn):
             return " / ".join("-" if r is None else fn(r) for r in (u, p))
 
-        floor = floors.get(f"{op} {mode}")
+        floor = floors.get(f"{op} {mode}", floors.get(op))
+        # a dataset's figure is the whole call (made, or made and read for N items)
+        key = (lambda r, lib: r[lib]["median_ms"] * 1e3) if op.startswith("dataset") else \
+            (lambda r, lib: r[lib]["per_unit_us"])
         rows.append([f"{op}, {mode}", n if n is not None else "",
-                     both(lambda r: f"{r['reverb']['per_unit_us']:,.0f}"),
-                     both(lambda r: f"{r['shmreplay']['per_unit_us']:,.0f}"),
+                     both(lambda r: f"{key(r, 'reverb'):,.0f}"),
+                     both(lambda r: f"{key(r, 'shmreplay'):,.0f}"),
                      both(lambda r: f"{r['ratio']:.1f}x"),
                      "" if floor is None else f"{floor:.0f}"])
-    return _md(["case", "N", "Reverb µs", "shmreplay µs", "Reverb / shmreplay", "floor µs"],
+    return _md(["case (uniform / prioritized)", "N", "Reverb µs", "shmreplay µs",
+                "Reverb / shmreplay", "floor µs"],
                rows, ["---", "---:", "---:", "---:", "---:", "---:"])
 
 
@@ -314,11 +323,13 @@ def any_length(files):
 
 
 TABLES = {
+
     "vs_cpprb": vs_cpprb, "multiprocess": multiprocess, "startup": startup, "large": large,
     "copy_floor": copy_floor, "writers": writers, "learner_feed": learner_feed,
-    "soak_windows": soak_windows, "soak_memory": soak_memory, "soak_latency": soak_latency,
+    "datasets": datasets, "soak_windows": soak_windows, "soak_memory": soak_memory, "soak_latency": soak_latency,
     "checkpoint": checkpoint, "checkpoint_ab": checkpoint_ab, "tf_client": tf_client,
     "ab_hot_paths": ab_hot_paths, "any_length": any_length,
+    **AB_TABLES,
 }
 
 
@@ -335,7 +346,13 @@ def render(spec):
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise TableError(f"table {name!r} cannot be made from {', '.join(names)}: "
                          f"{type(e).__name__}: {e}") from None
-    runs = "; ".join(sources.provenance_line(n, d) for n, d in files)
+    if len(files) > 2:  # a series: the machine and day once, then each run's commit
+        first = sources.provenance(files[0][1])
+        runs = f"`benchmarks/results/`, {first['machine']}, {first['date'][:10]}: " + "; ".join(
+            f"`{n}` `{p['commit']}` at {p['date'][11:16]} (load {p['load']})"
+            for n, p in ((n, sources.provenance(d)) for n, d in files))
+    else:
+        runs = "; ".join(sources.provenance_line(n, d) for n, d in files)
     return ["", f"*Generated from {runs}.*", ""] + body + [""]
 
 

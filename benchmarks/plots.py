@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _perf_sources as sources  # noqa: E402
 import _perf_tables as tables  # noqa: E402
+from _perf_format import writer_cases  # noqa: E402
 
 COLORS = {"shmreplay": "#1f6fb4", "cpprb": "#d9730d", "reverb": "#3a9a3a", "numpy": "#777777"}
 
@@ -170,12 +171,13 @@ def fig_writers(plt, name, data):
     """µs per environment step for each writer pattern, small steps and frames."""
     labels = data.get("cases") or {}
     kinds = [k for k in ("small", "frames") if k in (data.get("results") or {})]
+    per_kind = {k: writer_cases(data, k) for k in kinds}
     fig, axes = plt.subplots(1, len(kinds), figsize=(8.4, 4.2), sharey=True)
     axes = axes if len(kinds) > 1 else [axes]
     shown = [c for c in WRITER_CASES
-             if any(c in data["results"][k]["cases"] for k in kinds)]
+             if any(c in per_kind[k] for k in kinds)]
     for ax, kind in zip(axes, kinds):
-        cases = data["results"][kind]["cases"]
+        cases = per_kind[kind]
         ys = list(range(len(shown)))
         vals = [cases.get(c, {}).get("median_us") or 0 for c in shown]
         ax.barh(ys, vals, color=[COLORS.get(labels.get(c, {}).get("lib"), "k")
@@ -190,7 +192,7 @@ def fig_writers(plt, name, data):
         ax.set_yticks(ys)
         ax.set_yticklabels([labels.get(c, {}).get("label", c) for c in shown], fontsize=6.5)
         ax.invert_yaxis()
-    reverb = (data.get("reverb") or {}).get("measured")
+    reverb = (data.get("reverb") or {}).get("datasets")
     _title(fig, "Writers: cost of one environment step (append + create_item)"
            + ("" if reverb else " (Reverb: not in this run)"), name, data)
     fig.subplots_adjust(left=0.36, wspace=0.1)

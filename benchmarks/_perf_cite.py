@@ -11,7 +11,8 @@ The page's conventions (``tests/test_performance_page.py`` runs ``check(page)``)
   large.json e1; e2 -->``). FILE is in ``benchmarks/results/``; EXPR is a Python
   expression over the file's top-level keys (and ``data``, the whole file) with
   ``pick(rows, key=value, ...)``, ``median``, ``gmean``, ``mean``, ``min``, ``max``,
-  ``sum``, ``len``, ``abs``, ``sorted``, ``float``, ``zip``, ``range``. The written figure must equal the value rounded
+  ``sum``, ``len``, ``abs``, ``sorted``, ``float``, ``zip``, ``range``. FILE may be
+  ``@ALIAS``, named once by a ``<!-- source: @ALIAS FILE -->`` line (``_perf_tables``). The written figure must equal the value rounded
   to the digits written, after its unit (``k`` = 1e3, ``M`` = 1e6).
 * **Not measurements**: ``<!-- given -->`` after numbers that are settings, not results
   (``every 5-50 ms``) exempts the figures since the block's previous marker; a figure next
@@ -127,6 +128,10 @@ def check(page):
     """Problems with the page's figures, as ``'line N: ...'`` strings (empty: all good)."""
     text = _readable(page)
     problems = []
+    try:
+        known = tables.aliases(page)
+    except tables.TableError as e:
+        return [str(e)]
     line_of = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
     for block in re.finditer(r"(?:[^\n]+\n?)+", text):
         start, body = block.start(), block.group(0)
@@ -142,6 +147,12 @@ def check(page):
                 done += len(before)
                 continue
             name, _, rest = marker.group("arg").strip().partition(" ")
+            try:
+                name = tables.resolve(name, known)
+            except tables.TableError as e:
+                problems.append(f"line {line_of(start + marker.start())}: {e}")
+                done += len(before)
+                continue
             exprs = [e.strip() for e in rest.split(";") if e.strip()]
             if len(exprs) > len(before):
                 problems.append(f"line {line_of(start + marker.start())}: the citation has "
@@ -165,7 +176,7 @@ def check(page):
             problems.append(f"line {line_of(start + f.start())}: {f.group(0)!r} cites nothing")
     for spec, body in tables.blocks(page):
         try:
-            fresh = "\n".join(tables.render(spec)) + "\n"
+            fresh = "\n".join(tables.render(spec, known)) + "\n"
         except (tables.TableError, sources.ResultsError) as e:
             problems.append(f"table {spec!r}: {e}")
             continue

@@ -8,7 +8,9 @@ A table on ``docs/performance.md`` is a block::
 
 ``fill(page)`` rewrites every block's lines with ``TABLES[NAME](files)``: a line naming
 each run (machine, date, commit, load), then the Markdown table. To show a newer run,
-change FILE on the marker line and run ``python benchmarks/plots.py --tables``.
+change FILE on the marker line and run ``python benchmarks/plots.py --tables``. A FILE
+written ``@ALIAS`` is the one a ``<!-- source: @ALIAS FILE -->`` line of the page names,
+so that a section's tables and the figures its text cites move to a new run together.
 """
 
 import re
@@ -19,6 +21,7 @@ from _perf_format import md as _md, num as _num, pick as _pick, rate as _rate, w
 from _perf_tables_ab import AB_TABLES
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+SOURCE = re.compile(r"<!-- source: @(?P<alias>[\w.-]+) (?P<file>\S+) -->")
 
 
 class TableError(Exception):
@@ -333,9 +336,30 @@ TABLES = {
 }
 
 
-def render(spec):
+def aliases(page):
+    """``{alias: file}`` from the page's ``<!-- source: @ALIAS FILE -->`` lines: a section
+    names its run once, and its tables and citations say ``@ALIAS``."""
+    found = {}
+    for m in SOURCE.finditer(page):
+        if m.group("alias") in found:
+            raise TableError(f"@{m.group('alias')} is defined twice")
+        found[m.group("alias")] = m.group("file")
+    return found
+
+
+def resolve(name, known):
+    """A results file's name, ``@ALIAS`` looked up in ``known``."""
+    if not name.startswith("@"):
+        return name
+    if name[1:] not in known:
+        raise TableError(f"{name}: no <!-- source: {name} FILE --> on the page")
+    return known[name[1:]]
+
+
+def render(spec, known=None):
     """The lines of the block whose marker reads ``<!-- table: SPEC -->``."""
     name, *names = spec.split()
+    names = [resolve(n, known or {}) for n in names]
     if name not in TABLES:
         raise TableError(f"unknown table {name!r}; known: {', '.join(sorted(TABLES))}")
     if not names:
@@ -363,5 +387,6 @@ def blocks(page):
 
 def fill(page):
     """The page with every table block regenerated."""
-    return BLOCK.sub(lambda m: m.group(1) + "\n".join(render(m.group("spec"))) + "\n"
+    known = aliases(page)
+    return BLOCK.sub(lambda m: m.group(1) + "\n".join(render(m.group("spec"), known)) + "\n"
                      + m.group(4), page)

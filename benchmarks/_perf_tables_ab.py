@@ -10,10 +10,13 @@ from _perf_format import md as _md, num as _num, pick as _pick, rate as _rate, w
 
 
 def _group(name, data):
-    """A run's group in a before/after series: its tag or file name without ``-N``."""
-    tag = data.get("tag") or name[:-len(".json")] if name.endswith(".json") else name
-    tag = re.sub(r"-\d+$", "", data.get("tag") or tag)
-    return tag.rsplit("-", 1)[-1] if "-" in tag else tag
+    """A run's group in a before/after series: ``before`` or ``after`` when its tag or
+    file name says so, else the tag (or the file name)."""
+    tag = data.get("tag") or re.sub(r"\.json$", "", name)
+    for side in ("before", "after"):
+        if side in tag:
+            return side
+    return tag
 
 
 def _span(xs, fmt="{:.2f}"):

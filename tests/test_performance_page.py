@@ -107,3 +107,11 @@ def test_a_table_block_is_regenerated_and_compared(sample, monkeypatch):
     stale = cite.check(filled.replace("190308.3", "190308.4"))
     assert len(stale) == 1 and "differs from its JSON" in stale[0]
     assert "unknown table" in cite.check("<!-- table: nope s.json -->\n<!-- /table -->\n")[0]
+
+
+def test_a_section_names_its_run_once(sample):
+    page = ("<!-- source: @run s.json -->\n\n"
+            "Add 1 is 4.48x<!-- from: @run results[0]['ratio'] --> faster.\n")
+    assert cite.check(page) == []
+    assert "no <!-- source: @other" in cite.check(page.replace("@run results", "@other results"))[0]
+    assert "defined twice" in cite.check(page + "<!-- source: @run s.json -->\n")[0]

@@ -293,7 +293,7 @@ def floor_case(client, steps, nxt, table=TABLES["floor"]):
         row = int(out_rows[0])
         for key, column in targets:
             column[row] = step[key]
-        kernels.commit_one(*arrays, slot, 1.0, prob, pid)
+        kernels.commit_one(*arrays, slot, 1.0, prob, pid, 0)
     return floor, None
 
 

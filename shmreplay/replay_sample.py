@@ -225,10 +225,12 @@ class TableInfo:
     elsewhere. ``num_episodes`` counts the distinct episodes among the items: all the
     items of one writer episode (a ``TrajectoryWriter`` between ``end_episode`` calls, a
     legacy ``Writer``'s life) are one, each item from ``insert`` is its own.
-    ``num_deleted_episodes`` is always 0 (see docs/migrating-from-reverb.md).
+    ``num_deleted_episodes`` counts each time the last item of an episode left the
+    table since it was created or reset (an episode may come back with a later item and
+    leave again), as Reverb counts it.
 
     The other fields are shmreplay's own: ``num_inserted``, ``num_sampled`` and
-    ``num_deleted`` count items since the table was created or reset.
+    ``num_deleted`` count items since the table was created (``reset`` keeps them).
 
     ``num_stored_steps`` counts the steps the table's shared memory holds: for items
     written by a writer, each distinct step once however many items reference it; for

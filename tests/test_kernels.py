@@ -646,7 +646,7 @@ class ItemArrays:
         slot = table_kernels.reserve_one(*self.arrays, os.getpid())
         assert slot >= 0, f"reserve_one -> {slot}"
         key = table_kernels.commit_one(*self.arrays, slot, float(priority), np.empty(2),
-                                       os.getpid())
+                                       os.getpid(), 0)
         assert key > 0, f"commit_one -> {key}"
         return int(key)
 

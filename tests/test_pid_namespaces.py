@@ -215,7 +215,7 @@ def test_a_commit_of_a_slot_freed_under_its_writer_is_refused(buffer_name, path)
         _freed_under(engine, slots[n // 2:n // 2 + 1])
         if path == "commit_one":
             status = kernels.commit_one(*engine.arrays, int(slots[0]), 1.0, np.empty(2),
-                                        _procs.STAMP[0])
+                                        _procs.STAMP[0], 0)
             assert status == codes.LOST
             with _raises_lost() as raised:
                 engine._raise_status(status)

@@ -77,7 +77,7 @@ class StepTable:
         if not commit:
             self.engine.cancel(np.array([slot]))
             return None
-        key = kernels.commit_one(*self.engine.arrays, slot, 1.0, np.empty(2), _procs.STAMP[0])
+        key = kernels.commit_one(*self.engine.arrays, slot, 1.0, np.empty(2), _procs.STAMP[0], 0)
         assert key > 0
         self.items[int(key)] = [list(c) for c in columns]
         return int(key)

@@ -69,11 +69,11 @@ class Inserting:
         except BaseException:
             self.cancel(np.array([slot]))
             raise
-        key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB, _STAMP[0])
+        key = kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB, _STAMP[0], 0)
         if key == codes.LOCK_BUSY:
             key = self._commit_when_free(
                 lambda: kernels.commit_one(*self.arrays, slot, priority, _SCRATCH_PROB,
-                                           _STAMP[0]),
+                                           _STAMP[0], 0),
                 np.array([slot]), deadline, timeout)
         if key < 0:
             self._raise_status(key)
@@ -213,15 +213,17 @@ class Inserting:
                                            register, rows, fresh), grow_wanted=distinct)
         return slot, rows, fresh
 
-    def commit(self, slots, priorities, deadline=None, timeout=None):
+    def commit(self, slots, priorities, deadline=None, timeout=None, repeats=0):
+        """Publishes reserved ``slots``; ``repeats`` of them continue an episode that has
+        a live item in the table (``table_info.EpisodeStays``). Returns the keys."""
         keys = np.empty(len(slots), np.int64)
         touched = np.empty((2, 2 * len(slots)), np.int64)
         status = kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB, touched,
-                                _STAMP[0])
+                                _STAMP[0], repeats)
         if status == codes.LOCK_BUSY:
             status = self._commit_when_free(
                 lambda: kernels.commit(*self.arrays, slots, priorities, keys, _SCRATCH_PROB,
-                                       touched, _STAMP[0]),
+                                       touched, _STAMP[0], repeats),
                 slots, deadline, timeout)
         if status < 0:
             self._raise_status(status)

@@ -24,7 +24,7 @@ from shmreplay._shm.kernels import codes, table as kernels
 # Counters a restored table continues from (the rest are derived by ``rebuild``).
 COUNTERS = ("C_NEXT_ID", "C_INSERTS", "C_SAMPLES", "C_DELETES", "C_TOTAL_INSERTED",
             "C_TOTAL_SAMPLED", "C_TOTAL_DELETED", "C_NUM_UNIQUE", "C_ORDER_SEQ",
-            "C_UPDATE_SEQ")
+            "C_UPDATE_SEQ", "C_EPISODE_REPEATS")
 # Per-item fields saved from each slot's record (and the priority).
 ITEM_FIELDS = {"key": L.M_KEY, "order": L.M_ORDER, "update": L.M_UPDATE, "times": L.M_TIMES}
 

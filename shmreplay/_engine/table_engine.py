@@ -78,7 +78,7 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         self.arrays = self._table_arrays + (self.refs, self.rows)
         self.meta = views.meta
         self.episodes = L.episode_view(buf, region)  # writers' episode records
-        self.episode_views = None  # their flat views (``_table_info.record_episode``)
+        self.episode_views = None  # their flat views (``episode_stays.EpisodeStays``)
         self.data_segment = None
         self.data_plan = None    # its plan, once mapped (``shmreplay._engine.growth``)
         self.storage = None      # what the data segment holds (``shmreplay._schema.storage``)
@@ -448,8 +448,8 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         if c[L.C_CLOSED]:  # stopped by its owner: what it held is gone
             self._raise_status(codes.CLOSED)
         self.has_columns()
-        episodes = _table_info.count_episodes(self, c, deadline, timeout)
-        info = _table_info.make_info(self.config, c, episodes)
+        episodes, deleted_episodes = _table_info.count_episodes(self, c, deadline, timeout)
+        info = _table_info.make_info(self.config, c, episodes, deleted_episodes)
         if self.kind is not None:
             info = dataclasses.replace(
                 info, num_stored_steps=int(self.kind.stored(c)),

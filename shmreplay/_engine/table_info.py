@@ -2,7 +2,8 @@
 
 ``make_info`` builds one from a table's configuration and a snapshot of its control
 words; ``count_episodes`` counts the distinct episodes among a table's items (lazily,
-from the episode records writers leave in its slots: ``shmreplay._shm.layout``).
+from the episode records writers leave in its slots: ``shmreplay._shm.layout``) and those
+that left (``shmreplay._writers.episode_stays``).
 """
 
 import sys
@@ -16,7 +17,8 @@ from shmreplay.replay_sample import (RateLimiterCallStats, RateLimiterInfo, Sele
                                      TableInfo)
 
 
-def make_info(config, counters, num_episodes: int = 0) -> TableInfo:
+def make_info(config, counters, num_episodes: int = 0,
+              num_deleted_episodes: int = 0) -> TableInfo:
     """The ``TableInfo`` of a table with configuration ``config`` and control words
     ``counters`` (all zeros for a table no server owns yet)."""
     limiter = config.rate_limiter
@@ -38,6 +40,7 @@ def make_info(config, counters, num_episodes: int = 0) -> TableInfo:
         signature=reported_signature(config.signature),
         current_size=int(c[L.C_SIZE]),
         num_episodes=num_episodes,
+        num_deleted_episodes=num_deleted_episodes,
         num_unique_samples=int(c[L.C_NUM_UNIQUE]),
         num_inserted=int(c[L.C_TOTAL_INSERTED]),
         num_sampled=int(c[L.C_TOTAL_SAMPLED]),
@@ -67,46 +70,35 @@ def reported_signature(signature):
     return specs.optree.tree_map(as_given, signature, none_is_leaf=False)
 
 
-def count_episodes(engine, counters, deadline=None, timeout=None) -> int:
-    """The number of distinct episodes among ``engine``'s live items (``counters``:
-    its control words, read just before), waiting for the lock up to ``deadline``."""
-    if not counters[L.C_EPISODES_RECORDED]:
-        return int(counters[L.C_SIZE])  # no writer ever wrote here: each its own
+def count_episodes(engine, counters, deadline=None, timeout=None):
+    """``(live, deleted)``: the number of distinct episodes among ``engine``'s live items
+    (``counters``: its control words, read just before), and of episodes whose stay in
+    the table ended since the last reset, as Reverb counts them: started
+    (``C_TOTAL_INSERTED - C_EPISODE_REPEATS``) and not live now. Waits for the lock up
+    to ``deadline``."""
+    if not counters[L.C_EPISODES_RECORDED]:  # no writer ever wrote here: each its own
+        live = int(counters[L.C_SIZE])
+        return live, _left(counters[L.C_TOTAL_INSERTED] - counters[L.C_EPISODE_REPEATS], live)
     from shmreplay._shm.kernels import episodes as kernels
     room = int(engine.ctrl[L.C_SIZE]) + 64
+    stays = np.zeros(1, np.int64)
     while True:
         out = np.empty(room, np.int64)
         count = _lock_waits.call(engine, deadline, timeout, "info", kernels.live_episodes,
-                                 engine.episodes, out)
+                                 engine.episodes, out, stays)
         if count >= 0:
             break
         if count > -1000:
             engine._raise_status(count)
         room = -count - 1000 + 64  # grew meanwhile
-    if count == 0:
-        return 0
-    ids = out[:count]
-    ids.sort()
-    return int(1 + np.count_nonzero(ids[1:] != ids[:-1]))
+    live = 0
+    if count:
+        ids = out[:count]
+        ids.sort()
+        live = int(1 + np.count_nonzero(ids[1:] != ids[:-1]))
+    return live, _left(stays[0], live)
 
 
-def record_episode(engine, slot: int, episode: int):
-    """Records that the item a writer is writing into reserved ``slot`` belongs to
-    ``episode`` (>= 0). The slot's version, read while the writer holds it, ties the
-    record to this item: a later reservation of the slot bumps the version."""
-    views = engine.episode_views
-    if views is None:
-        views = engine.episode_views = _flat_views(engine)
-    records, meta, ctrl = views
-    records[L.EPISODE_FIELDS * slot + L.E_EPISODE] = episode
-    records[L.EPISODE_FIELDS * slot + L.E_VERSION] = meta[slot * L.META_FIELDS + L.M_VERSION]
-    if not ctrl[L.C_EPISODES_RECORDED]:  # (a flag, set before the item's commit)
-        ctrl[L.C_EPISODES_RECORDED] = 1
-
-
-def _flat_views(engine):
-    """Flat int64 memoryviews of the episode records, slot records and control words:
-    a writer's item sets its record with three of these cheap element accesses
-    (numpy's tuple indexing costs several times more)."""
-    return (memoryview(engine.episodes.reshape(-1)), memoryview(engine.meta.reshape(-1)),
-            memoryview(engine.ctrl))
+def _left(started, live: int) -> int:
+    # Never below 0: a crash inside a commit may leave the count one short.
+    return max(0, int(started) - live)

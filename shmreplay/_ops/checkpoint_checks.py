@@ -19,8 +19,10 @@ MAGIC = b"SHMRCKPT"
 # 3: a crc32 of the header and of every array (format 1 and 2 files restore, their
 #    arrays unchecksummed: their values are still checked, see ``_ops.restore``).
 # 4: the arrays' checksums are ``checksum64`` (crc32 cost a fifth of a restore).
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+# 5: the counter ``C_EPISODE_REPEATS`` (``TableInfo.num_deleted_episodes``; older files
+#    restore with none deleted).
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 CHECKSUMMED_FROM = 3
 FILE_HEADER = np.dtype([
     ("magic", "S8"),
@@ -34,7 +36,9 @@ FILE_HEADER = np.dtype([
 CHECKPOINTS_HEADER_COVERS = FILE_HEADER.fields["header_crc"][1]
 FILE_HEADER_SIZE = 64  # (``_checkpoint.FILE_HEADER_SIZE``: the arrays start after it)
 # Per format: the manifest's key for the arrays' checksums, and the bound of a value.
-CHECKSUMS = {3: ("crc32", 1 << 32), 4: ("checksum64", 1 << 63)}
+CHECKSUMS = {3: ("crc32", 1 << 32), 4: ("checksum64", 1 << 63), 5: ("checksum64", 1 << 63)}
+# Counters a file of an older format may lack (``restore`` derives them).
+COUNTERS_SINCE = {"C_EPISODE_REPEATS": 5}
 # ``checksum64`` sums an array in pieces of this many bytes (a quarter of this machine's
 # L2 cache: a piece just read is summed before it leaves the cache). Part of format 4.
 CHECKSUM_PIECE = 256 << 10
@@ -103,7 +107,8 @@ def check_table(path: str, size: int, table, version: int):
             and table.slot_bits == L.slot_bits(table.capacity)):
         raise corrupt(f"has {table.num_items} items in {table.capacity} slots of "
                       f"{table.slot_bits} key bits")
-    if set(table.counters) != set(COUNTERS) or not all(
+    required = {name for name in COUNTERS if COUNTERS_SINCE.get(name, 0) <= version}
+    if not required <= set(table.counters) <= set(COUNTERS) or not all(
             type(v) is int and v >= 0 for v in table.counters.values()):
         raise corrupt("has invalid counters")
     n = table.num_items

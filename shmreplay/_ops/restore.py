@@ -127,6 +127,8 @@ def _restore_checked(engine, saved: TableCheckpoint, reset_rate_limiter: bool) -
     if storage is not None:
         _check_signature(engine, storage)
     counters = dict(saved.counters)
+    if "C_EPISODE_REPEATS" not in counters:  # (an older format: none deleted so far)
+        counters["C_EPISODE_REPEATS"] = counters["C_TOTAL_INSERTED"] - _distinct_episodes(saved)
     if reset_rate_limiter:
         counters.update(C_INSERTS=count, C_SAMPLES=0, C_DELETES=0)
     if count > engine.capacity:
@@ -198,6 +200,15 @@ def _restore_episodes(engine, saved: TableCheckpoint, slots):
     engine.episodes[slots, L.E_VERSION] = engine.meta[slots, L.M_VERSION]
     if slots.size:
         engine.ctrl[L.C_EPISODES_RECORDED] = 1
+
+
+def _distinct_episodes(saved: TableCheckpoint) -> int:
+    """How many episodes the checkpoint's items belong to (each item without a writer's
+    episode its own)."""
+    if "episode" not in saved.layout or not saved.num_items:
+        return saved.num_items
+    episodes = np.array(saved.array("episode"))
+    return int(np.count_nonzero(episodes < 0) + np.unique(episodes[episodes >= 0]).size)
 
 
 def _damaged(saved: TableCheckpoint, problem: str) -> errors.CheckpointError:

@@ -60,10 +60,10 @@ from shmreplay._shm.kernels import codes
 
 MAGIC = b"SHMRPLY1"
 DATA_MAGIC = b"SHMRPLYD"
-LAYOUT_VERSION = 8  # 4: the episodes array; 5: item forms and layout stamps; 6: segment
+LAYOUT_VERSION = 9  # 4: the episodes array; 5: item forms and layout stamps; 6: segment
 # names, and writer stamps and the owner carry their pid namespace (``shmreplay._shm.procs``);
 # 7: the reference pool of items of any length (``kernels.refpool``); 8: stores reserved
-# as they fill (``C_SLOT_LIMIT``, ``C_ROW_LIMIT``)
+# as they fill (``C_SLOT_LIMIT``, ``C_ROW_LIMIT``); 9: ``C_EPISODE_REPEATS``
 ALIGN = 64
 SEGMENT_PREFIX = "shmreplay."
 
@@ -143,7 +143,13 @@ MUTEX_WORDS = 8
  # slots of a whole-item table (its capacity for step storage), and step rows. No
  # kernel hands out a slot (``C_FRESH``) or row (``C_ROW_FRESH``) at or past these; it
  # returns ``GROW`` instead, and the caller reserves more and raises them.
- C_SLOT_LIMIT, C_ROW_LIMIT) = range(MUTEX_WORDS, MUTEX_WORDS + 58)
+ C_SLOT_LIMIT, C_ROW_LIMIT,
+ # Items committed since the last reset that continued an episode with a live item in
+ # the table (a writer's later items). Every other item starts an episode's stay, so
+ # ``C_TOTAL_INSERTED - C_EPISODE_REPEATS`` episodes came and those not live left:
+ # ``TableInfo.num_deleted_episodes`` (``shmreplay._engine.table_info``). Reset sets it
+ # to ``C_TOTAL_INSERTED``.
+ C_EPISODE_REPEATS) = range(MUTEX_WORDS, MUTEX_WORDS + 59)
 CTRL_WORDS = 72
 
 # Fields of a step row's int32 record ``rows[row, R_*]``. A live row counts the item

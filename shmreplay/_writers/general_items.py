@@ -54,7 +54,7 @@ def plan(engine, treedef, columns, paths, per_step: bool, refused) -> GeneralPla
     return GeneralPlan(engine, treedef, paths, per_step, refused)
 
 
-def insert(engine, plan: GeneralPlan, columns, priority: float, timeout, episode):
+def insert(engine, plan: GeneralPlan, columns, priority: float, timeout, stays):
     """Stores one planned item whole in ``engine``'s general store; returns its key.
 
     Raises:
@@ -66,7 +66,7 @@ def insert(engine, plan: GeneralPlan, columns, priority: float, timeout, episode
     slots = engine.arena.reserve([blob], timeout)
     squeezed = sum(1 << i for i, column in enumerate(columns[:62]) if column.squeeze)
     return _one_item.commit(engine, slots, lambda: engine.arena.write(slots, [blob]),
-                            priority, timeout, episode, _item_forms.AS_WRITTEN | squeezed)
+                            priority, timeout, stays, _item_forms.AS_WRITTEN | squeezed)
 
 
 def _encode(engine, treedef, columns, refused) -> bytes:

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 
-from shmreplay._engine.table_info import record_episode
 from shmreplay._schema import item_forms as _item_forms
 
 
@@ -17,17 +16,19 @@ def stacked(columns) -> list:
             else np.stack([ref.value for ref in column.refs]) for column in columns]
 
 
-def commit(engine, slots, write, priority: float, timeout, episode, form: int) -> int:
-    """``write()`` into the reserved ``slots`` (one), its episode recorded, then the
-    commit; the slots are given back if anything before the commit fails. Returns the
-    key."""
+def commit(engine, slots, write, priority: float, timeout, stays, form: int) -> int:
+    """``write()`` into the reserved ``slots`` (one), its episode recorded (``stays``, an
+    ``episode_stays.EpisodeStays``), then the commit; the slots are given back if anything
+    before the commit fails. Returns the key."""
     try:
         write()
-        record_episode(engine, int(slots[0]), episode)
+        repeats = stays.record(engine, int(slots[0]))
     except BaseException:
         engine.cancel(slots)
         raise
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    key = int(engine.commit(slots, np.array([priority], np.float64), deadline, timeout)[0])
+    key = int(engine.commit(slots, np.array([priority], np.float64), deadline, timeout,
+                            repeats)[0])
+    stays.committed()
     _item_forms.record(engine, key, form)
     return key

@@ -222,7 +222,7 @@ class _UsualItem:
             engine.cancel(np.array([slot], np.int64))
             raise
         return _writing._commit(engine, slot, priority, entries, remember, self.plan.form,
-                                rows.episode_base + episode, 0.0)
+                                rows.stays.at(rows.episode_base + episode), 0.0)
 
 
 def learn_usual_item(usual_items, table, trajectory, leaves, treedef, rows, plan):

@@ -22,11 +22,11 @@ from shmreplay._schema import inputs as _inputs
 from shmreplay._schema import item_forms as _item_forms
 from shmreplay._writers import general_items as _general_items
 from shmreplay._writers import one_item as _one_item
+from shmreplay._writers.episode_stays import EpisodeStays
 from shmreplay._schema.item_checks import check_rows_fit, item_form, item_specs, validate_item
 from shmreplay._shm.kernels import codes
 from shmreplay._shm.kernels import table as kernels
 from shmreplay._shm.procs import STAMP as _STAMP
-from shmreplay._engine.table_info import record_episode
 
 _SCRATCH_PROB = np.empty(2, np.float64)
 _SCRATCH_IO = np.zeros(3, np.int64)  # only written (the futex value of a BLOCKED call)
@@ -107,6 +107,7 @@ class TableRows:
         # (``StepRef.episode``), below 2**63. From os.urandom, so no other writer's ids
         # meet these (actors often seed ``random`` alike).
         self.episode_base = int.from_bytes(os.urandom(8), "little") >> 2
+        self.stays = EpisodeStays()  # the current episode's items here (TableInfo counts)
 
     def forget(self):
         """Drops everything remembered: the table's layout was forgotten (``reset``)."""
@@ -250,11 +251,11 @@ def insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], prio
 def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], priority: float,
                  timeout, uids):
     engine = rows.engine
-    episode = rows.episode_base + columns[0].refs[0].episode
+    stays = rows.stays.at(rows.episode_base + columns[0].refs[0].episode)
     if plan.general:
-        return _general_items.insert(engine, plan, columns, priority, timeout, episode)
+        return _general_items.insert(engine, plan, columns, priority, timeout, stays)
     if not plan.steps:
-        return _insert_whole(engine, columns, priority, timeout, plan.form, episode)
+        return _insert_whole(engine, columns, priority, timeout, plan.form, stays)
     if plan.uniform:
         if uids is None:
             uids = [ref.uid for ref in columns[0].refs]
@@ -326,7 +327,7 @@ def _insert_item(rows: TableRows, plan: ItemPlan, columns: List[ItemColumn], pri
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember, plan.form, episode, timeout)
+    return _commit(engine, slot, priority, entries, remember, plan.form, stays, timeout)
 
 
 def insert_uniform_steps(rows: TableRows, plan: ItemPlan, steps, priority: float, timeout):
@@ -370,7 +371,8 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     full = plan.full_mask
     n = len(uids)
     # A legacy Writer's steps are all of its one episode; a TrajectoryWriter's refs say.
-    episode = rows.episode_base if by_step else rows.episode_base + refs[0][0].episode
+    stays = rows.stays.at(rows.episode_base if by_step
+                          else rows.episode_base + refs[0][0].episode)
     known_rows, known_gens, out, out_rows, out_fresh = plan.scratch(n)
     complete = [False] * n  # the remembered row holds every column of the step
     for i, uid in enumerate(uids):
@@ -403,7 +405,7 @@ def _insert_uniform(rows, plan, refs, by_step: bool, uids, priority: float, time
     except BaseException:
         engine.cancel(np.array([slot], np.int64))
         raise
-    return _commit(engine, slot, priority, entries, remember, plan.form, episode, timeout)
+    return _commit(engine, slot, priority, entries, remember, plan.form, stays, timeout)
 
 
 def _reserve(engine, known, ref_steps, timeout):
@@ -421,22 +423,23 @@ def _reserve(engine, known, ref_steps, timeout):
     return slot, got_rows.tolist(), fresh.tolist()
 
 
-def _commit(engine, slot, priority, entries, remember, form: int, episode, timeout):
+def _commit(engine, slot, priority, entries, remember, form: int, stays, timeout):
     """Publishes the item in ``slot``; then the writer remembers where its steps went.
 
     If the table's lock stays held for ``timeout`` (a stopped process holds it), the
     slot is given up and ``LockTimeoutError`` raised: the item is not in the table, and
     the writer keeps it to insert again, as after a timeout of the rate limiter."""
-    record_episode(engine, slot, episode)
-    key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB, _STAMP[0])
+    repeats = stays.record(engine, slot)
+    key = kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB, _STAMP[0], repeats)
     if key == codes.LOCK_BUSY:  # (its holder is slow or stopped)
         key = engine._commit_when_free(
             lambda: kernels.commit_one(*engine.arrays, slot, priority, _SCRATCH_PROB,
-                                       _STAMP[0]),
+                                       _STAMP[0], repeats),
             np.array([slot], np.int64),
             None if timeout is None else time.monotonic() + max(0.0, timeout), timeout)
     if key < 0:
         engine._raise_status(key)
+    stays.committed()
     if form:  # (rare: most items are stored in the table's usual form)
         _item_forms.record(engine, key, form)
     entries.update(remember)
@@ -477,7 +480,7 @@ def check_priority(engine, priority) -> float:
     return float(_inputs.check_priorities(engine, priority, 1)[0])
 
 
-def _insert_whole(engine, columns, priority, timeout, form: int, episode):
+def _insert_whole(engine, columns, priority, timeout, form: int, stays):
     """An item for a table that stores whole items (its first item came from insert):
     the referenced steps are stacked into the item's columns (in the table's form)."""
     arrays = [np.reshape(array, spec.shape)
@@ -485,4 +488,4 @@ def _insert_whole(engine, columns, priority, timeout, form: int, episode):
     slots, rows = engine.reserve_items(1, timeout, arrays)
     return _one_item.commit(engine, slots,
                             lambda: engine.write_items(slots, rows, arrays, False),
-                            priority, timeout, episode, form)
+                            priority, timeout, stays, form)

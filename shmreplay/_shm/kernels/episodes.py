@@ -1,4 +1,5 @@
-"""Episode ids of a table's live items, for ``TableInfo.num_episodes`` (under the lock).
+"""Episode ids of a table's live items, for ``TableInfo.num_episodes`` and
+``num_deleted_episodes`` (under the lock).
 
 A writer records ``(version, episode id)`` for the slot it reserved
 (``shmreplay._shm.layout``'s ``episodes`` array); the record is the item's while its version
@@ -7,14 +8,17 @@ equals the slot's. Counting is lazy: nothing on the insert or sample paths chang
 
 from shmreplay._shm.kernels import kernel
 from shmreplay._shm.kernels.locking import _lock, _unlock
-from shmreplay._shm.layout import C_SIZE, E_EPISODE, E_VERSION, M_KEY, M_LIVE, M_VERSION
+from shmreplay._shm.layout import (
+    C_EPISODE_REPEATS, C_SIZE, C_TOTAL_INSERTED, E_EPISODE, E_VERSION, M_KEY, M_LIVE, M_VERSION)
 
 
 @kernel
-def live_episodes(ctrl, fctrl, meta, prio, trees, refs, rows, episodes, out):
+def live_episodes(ctrl, fctrl, meta, prio, trees, refs, rows, episodes, out, stays):
     """Writes the episode of each live item to ``out``: its writer's episode id (>= 0),
-    or ``-1 - key`` for an item that is its own episode (from ``insert``). Returns the
-    number of items, a negative status, or ``-(size + 1000)`` if ``out`` is too small."""
+    or ``-1 - key`` for an item that is its own episode (from ``insert``), and to
+    ``stays[0]`` how many stays of episodes in the table began since the last reset
+    (``shmreplay._writers.episode_stays``). Returns the number of items, a negative
+    status, or ``-(size + 1000)`` if ``out`` is too small."""
     status = _lock(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
@@ -28,5 +32,6 @@ def live_episodes(ctrl, fctrl, meta, prio, trees, refs, rows, episodes, out):
             out[i] = episodes[slot, E_EPISODE]
         else:
             out[i] = -1 - meta[slot, M_KEY]
+    stays[0] = ctrl[C_TOTAL_INSERTED] - ctrl[C_EPISODE_REPEATS]
     _unlock(ctrl)
     return size

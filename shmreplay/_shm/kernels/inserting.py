@@ -18,7 +18,7 @@ from shmreplay._shm.kernels.priorities import first_invalid_priority
 from shmreplay._shm.layout import (
     C_CLOSED, C_INSERTS, C_ITEMS_SEQ, C_MAX_SIZE, C_PENDING, C_REMOVER_KIND, C_SAMPLER_KIND,
     C_SIZE, C_RESERVES, C_SPACE_SEQ, C_SPACE_WAITERS, C_TOTAL_INSERTED, C_TREE_LEAVES,
-    C_COMMIT_MARK, C_ORDER_SEQ, C_REF_COLUMNS, F_EXPONENT0, M_STATE, M_VERSION, M_WRITER, R_COUNT)
+    C_COMMIT_MARK, C_EPISODE_REPEATS, C_ORDER_SEQ, C_REF_COLUMNS, F_EXPONENT0, M_STATE, M_VERSION, M_WRITER, R_COUNT)
 
 @kernel
 def _enter_insert(ctrl, fctrl, meta, prio, trees, refs, rows, n, was_waiting, register, io):
@@ -63,7 +63,7 @@ def reserve(ctrl, fctrl, meta, prio, trees, refs, rows, n, pid, was_waiting, reg
 
 @kernel
 def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_keys, io, touched,
-           stamp):
+           stamp, repeats):
     """Publishes written slots as items, then evicts with the remover while over max_size.
 
     ``touched`` is int64 scratch ``[2, 2 * len(slots)]``: when only the sampler is
@@ -72,7 +72,8 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
     was freed as a dead writer's), nothing is published, the caller's other slots are
     freed, and ``LOST`` is returned. ``CLOSED`` (nothing published) once the buffer was
     stopped or removed: an insert into a buffer nobody will read again must fail, not be
-    acknowledged.
+    acknowledged. ``repeats``: how many of the items continue an episode that has a live
+    item in the table (``C_EPISODE_REPEATS``; 0 for inserts, each its own episode).
     """
     status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
@@ -93,6 +94,7 @@ def commit(ctrl, fctrl, meta, prio, trees, refs, rows, slots, priorities, out_ke
     ctrl[C_PENDING] -= n
     ctrl[C_INSERTS] += n
     ctrl[C_TOTAL_INSERTED] += n
+    ctrl[C_EPISODE_REPEATS] += repeats
     # The batch is in: from here a crash keeps it (rebuild then finishes the evictions).
     ctrl[C_COMMIT_MARK] = 0
     evicted = 0
@@ -266,16 +268,18 @@ def reserve_item(ctrl, fctrl, meta, prio, trees, refs, rows, known_rows, known_g
 
 
 @kernel
-def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io, stamp):
+def commit_one(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io, stamp, repeats):
     """``commit`` of one slot: returns the new key (> 0), or a negative status (``LOST``
     if the slot is no longer WRITING for ``stamp``; ``CLOSED`` once the buffer was
-    stopped or removed)."""
+    stopped or removed). ``repeats``, as for ``commit``: 1 if the item continues an
+    episode that has a live item in the table, else 0."""
     status = _lock_open(ctrl, fctrl, meta, prio, trees, refs, rows)
     if status != 0:
         return status
     if not _owns(meta, slot, stamp):
         _unlock(ctrl)
         return codes.LOST
+    ctrl[C_EPISODE_REPEATS] += repeats
     return _commit_one_locked(ctrl, fctrl, meta, prio, trees, refs, rows, slot, priority, io)
 
 
@@ -414,7 +418,7 @@ def commit_whole(segment, table, work, n, priorities, out_keys, io, stamp):
         return BROKEN
     touched = work[n + 1:5 * n + 1].reshape((2, 2 * n))
     return commit(ctrl, fctrl, meta, prio, trees, refs, rows, work[:n], priorities,
-                  out_keys[:n].view(np.int64), io, touched, stamp)
+                  out_keys[:n].view(np.int64), io, touched, stamp, 0)
 
 
 @kernel

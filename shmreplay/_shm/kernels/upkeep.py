@@ -7,8 +7,8 @@ from shmreplay._shm.kernels import codes, items, kernel, rows as step_rows, veri
 from shmreplay._shm.kernels.locking import _bump, _lock, _lock_items, _unlock, _unlock_and_wake
 from shmreplay._shm.layout import (
     C_ARENA_ITEMS, C_ARENA_ROVER,
-    C_CLOSED, C_DELETES, C_INSERTS, C_ITEMS_SEQ, C_NUM_UNIQUE, C_SAMPLES, C_SIZE, C_SPACE_SEQ,
-    C_TOTAL_DELETED, C_LAYOUT_GEN, C_SCHEMA_READY, C_DATA_TOKEN, C_FRESH, C_HEAD, C_FREE_TOP, C_FREE_HEAD, C_SLOT_LIMIT, M_KEY, M_NEXT,
+    C_CLOSED, C_DELETES, C_EPISODE_REPEATS, C_INSERTS, C_ITEMS_SEQ, C_NUM_UNIQUE, C_SAMPLES, C_SIZE, C_SPACE_SEQ,
+    C_TOTAL_DELETED, C_TOTAL_INSERTED, C_LAYOUT_GEN, C_SCHEMA_READY, C_DATA_TOKEN, C_FRESH, C_HEAD, C_FREE_TOP, C_FREE_HEAD, C_SLOT_LIMIT, M_KEY, M_NEXT,
     M_ORDER, M_STATE, M_TIMES, M_UPDATE, M_VERSION, M_WRITER)
 
 @kernel
@@ -30,6 +30,7 @@ def reset(ctrl, fctrl, meta, prio, trees, refs, rows, forget, out):
     ctrl[C_SAMPLES] = 0
     ctrl[C_DELETES] = 0
     ctrl[C_NUM_UNIQUE] = 0
+    ctrl[C_EPISODE_REPEATS] = ctrl[C_TOTAL_INSERTED]  # no episode came since: none left
     out[0] = 0
     if forget and ctrl[C_SCHEMA_READY] != 0 and not _slots_in_use(ctrl, meta):
         step_rows.forget(ctrl)

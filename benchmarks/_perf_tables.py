@@ -29,15 +29,26 @@ class TableError(Exception):
 
 
 def vs_cpprb(files):
+    """cpprb and shmreplay per case; Reverb's columns too when the run measured it."""
     (name, data), = files
+    with_reverb = bool((data.get("reverb") or {}).get("measured"))
     rows = []
     for r in data["results"]:
         ours, theirs = r.get("shmreplay") or {}, r.get("cpprb") or {}
-        rows.append([r["op"], r["sampler"], r["n"], _num(theirs.get("median_us")),
-                     _num(ours.get("median_us")),
-                     "-" if r.get("ratio") is None else f"**{r['ratio']:.2f}x**"])
-    return _md(["case", "sampler", "n", "cpprb µs", "shmreplay µs", "ratio"], rows,
-               ["---", "---", "---:", "---:", "---:", "---:"])
+        line = [r["op"], r["sampler"], r["n"], _num(theirs.get("median_us")),
+                _num(ours.get("median_us")),
+                "-" if r.get("ratio") is None else f"**{r['ratio']:.2f}x**"]
+        if with_reverb:
+            reverb = r.get("reverb") or {}
+            line += [_num(reverb.get("median_us"), 0),
+                     "-" if r.get("ratio_reverb") is None else f"{r['ratio_reverb']:,.0f}x"]
+        rows.append(line)
+    headers = ["case", "sampler", "n", "cpprb µs", "shmreplay µs", "ratio"]
+    aligns = ["---", "---", "---:", "---:", "---:", "---:"]
+    if with_reverb:
+        headers += ["Reverb µs", "Reverb / shmreplay"]
+        aligns += ["---:", "---:"]
+    return _md(headers, rows, aligns)
 
 
 def multiprocess(files):

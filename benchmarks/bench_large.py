@@ -5,8 +5,8 @@ Part 1, learner rate vs capacity: a prioritized table (alpha 0.4) of small trans
 (obs/next_obs float32[15], act float32[3], rew, done float32) filled to capacity with
 ``insert_batch``; one learner call = ``client.sample_batch(table, 256)`` +
 ``info.importance_weights(0.4)`` + ``client.update_priorities(table, keys, prios)``.
-Measured at 2**14 and 2**20 items; the ratio rate(2**14) / rate(2**20) should stay within
-2x. For contrast, cpprb's single-process ``PrioritizedReplayBuffer`` and its shared-memory
+Measured at every power of two from 2**14 to 2**20 items (the capacity plot's curve); the
+ratio rate(2**14) / rate(2**20) should stay within 2x. For contrast, cpprb's single-process ``PrioritizedReplayBuffer`` and its shared-memory
 ``MPPrioritizedReplayBuffer`` (no explorers) do ``sample(256, beta=0.4)`` +
 ``update_priorities`` at the same capacities.
 
@@ -19,7 +19,7 @@ against the fastest of the three). Two items: ``{obs: uint8[84,84,4]}`` alone, a
 (obs, next_obs uint8[84,84,4], act int32, rew, done float32: numpy takes every column).
 Target: shmreplay within 1.5x of numpy.
 
-Usage:  python benchmarks/bench_large.py [--quick] [--libs cpprb,shmreplay]
+Usage:  python benchmarks/bench_large.py [--quick] [--libs cpprb,shmreplay] [--prefix P]
 Writes: benchmarks/results/large[-quick].{json,md}
 """
 
@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 ALPHA = 0.4
 BETA = 0.4
 BATCH = 256
-CAPACITIES = (2**14, 2**20)
+CAPACITIES = tuple(2**k for k in range(14, 21))  # 2^14 .. 2^20, every power of two
 FLOOR_CAPACITY = 2**14
 FRAME = (84, 84, 4)
 TARGET_CAPACITY_RATIO = 2.0
@@ -107,7 +107,7 @@ def cpprb_learner_fn(rb, rng):
     return op
 
 
-def part_capacity(libs, shm, cpprb, timing, rng, errors):
+def part_capacity(libs, shm, cpprb, timing, rng, errors, prefix):
     rows = []
     for cap in CAPACITIES:
         chunk = min(cap, 65536)
@@ -117,7 +117,7 @@ def part_capacity(libs, shm, cpprb, timing, rng, errors):
                 table = shm.Table("per", sampler=selectors.Prioritized(ALPHA),
                                   remover=selectors.Fifo(), max_size=cap,
                                   rate_limiter=rate_limiters.MinSize(1))
-                server = shm.Server(tables=[table], name=f"bench-large-{cap}-{os.getpid()}")
+                server = shm.Server(tables=[table], name=f"{prefix}-large-{cap}-{os.getpid()}")
                 try:
                     client = shm.Client(server.name)
                     fill(cap, chunk, lambda n: small_batch(rng, n),
@@ -170,7 +170,7 @@ def part_capacity(libs, shm, cpprb, timing, rng, errors):
 
 # --------------------------------------------------------------------------- part 2
 
-def part_floor(shm, timing, rng, errors):
+def part_floor(shm, timing, rng, errors, prefix):
     rows = []
     idx_pool = [rng.integers(0, FLOOR_CAPACITY, BATCH) for _ in range(16)]
     for full in (False, True):
@@ -216,7 +216,7 @@ def part_floor(shm, timing, rng, errors):
                                   remover=selectors.Fifo(), max_size=FLOOR_CAPACITY,
                                   rate_limiter=rate_limiters.MinSize(1))
                 server = shm.Server(tables=[table],
-                                    name=f"bench-floor-{int(full)}-{os.getpid()}")
+                                    name=f"{prefix}-floor-{int(full)}-{os.getpid()}")
                 try:
                     client = shm.Client(server.name)
                     for start in range(0, FLOOR_CAPACITY, 1024):
@@ -275,11 +275,11 @@ def run(args):
     print(f"mode: {'quick' if args.quick else 'full'}; timing {timing}\n")
     rng = np.random.default_rng(args.seed)
 
-    cap_rows = part_capacity(libs, shm, cpprb, timing, rng, errors)
-    floor_rows = part_floor(shm, timing, rng, errors)
+    cap_rows = part_capacity(libs, shm, cpprb, timing, rng, errors, args.prefix)
+    floor_rows = part_floor(shm, timing, rng, errors, args.prefix)
 
     # capacity table: one row per (lib, variant), columns per capacity, ratio small/large
-    lo, hi = CAPACITIES
+    lo, hi = CAPACITIES[0], CAPACITIES[-1]
     headers1 = ["lib", "learner call", f"µs @2^{lo.bit_length() - 1}",
                 f"items/s @2^{lo.bit_length() - 1}", f"µs @2^{hi.bit_length() - 1}",
                 f"items/s @2^{hi.bit_length() - 1}", "slowdown", f"<= {TARGET_CAPACITY_RATIO:g}x"]
@@ -300,6 +300,11 @@ def run(args):
                       C.fmt_num(b and b["us"]), C.fmt_num(b and b["items_s"]),
                       C.fmt_ratio(slow), met if lib == "shmreplay" else "-"])
         summary1.append({"lib": lib, "variant": variant, "slowdown": slow})
+    headers_curve = ["lib", "learner call"] + [f"µs @2^{c.bit_length() - 1}" for c in CAPACITIES]
+    rows_curve = [[lib, variant] + [C.fmt_num(next((r["us"] for r in cap_rows if
+                                                     (r["lib"], r["variant"], r["capacity"])
+                                                     == (lib, variant, c)), None))
+                                    for c in CAPACITIES] for lib, variant in seen]
     headers2 = ["frames item (256 rows)", "MB/batch", "np.take(out=, mode=clip) µs",
                 "np.take(out=) µs", "a[idx] µs", "shmreplay sample_batch µs",
                 "shmreplay / fastest numpy", f"<= {TARGET_FLOOR_RATIO:g}x"]
@@ -312,6 +317,8 @@ def run(args):
     print()
     print(C.render_table(headers1, rows1))
     print()
+    print(C.render_table(headers_curve, rows_curve))
+    print()
     print(C.render_table(headers2, rows2))
 
     notes = [f"mode: {'quick' if args.quick else 'full'}; median of {timing['repeat']} repeats",
@@ -323,6 +330,7 @@ def run(args):
              "mode='clip' is the real floor)"]
     md = C.markdown_header("Large buffers and the copy floor", info, notes)
     md += "\n" + C.render_table(headers1, rows1, markdown=True) + "\n\n"
+    md += C.render_table(headers_curve, rows_curve, markdown=True) + "\n\n"
     md += C.render_table(headers2, rows2, markdown=True) + "\n"
     if errors:
         md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
@@ -335,7 +343,7 @@ def run(args):
                "errors": errors}
     paths = C.write_results("large" + ("-quick" if args.quick else ""), payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
-    left = C.check_clean()
+    left = C.check_clean(f"shmreplay.{args.prefix}-")
     return 1 if (errors or left) else 0
 
 
@@ -344,6 +352,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="few short repeats (a smoke run)")
     p.add_argument("--libs", default="cpprb,shmreplay", help="cpprb,shmreplay")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix", default="bench", help="shared-memory name prefix")
     return run(p.parse_args(argv))
 
 

@@ -20,7 +20,8 @@ against the fastest of the three). Two items: ``{obs: uint8[84,84,4]}`` alone, a
 Target: shmreplay within 1.5x of numpy.
 
 Usage:  python benchmarks/bench_large.py [--quick] [--libs cpprb,shmreplay] [--prefix P]
-Writes: benchmarks/results/large[-quick].{json,md}
+                                          [--tag TAG]
+Writes: benchmarks/results/large[-TAG][-quick].{json,md}
 """
 
 import argparse
@@ -341,7 +342,8 @@ def run(args):
                           "seed": args.seed},
                "capacity": cap_rows, "capacity_summary": summary1, "floor": floor_rows,
                "errors": errors}
-    paths = C.write_results("large" + ("-quick" if args.quick else ""), payload, md)
+    stem = "large" + (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "")
+    paths = C.write_results(stem, payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
     left = C.check_clean(f"shmreplay.{args.prefix}-")
     return 1 if (errors or left) else 0
@@ -353,6 +355,7 @@ def main(argv=None):
     p.add_argument("--libs", default="cpprb,shmreplay", help="cpprb,shmreplay")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix", default="bench", help="shared-memory name prefix")
+    p.add_argument("--tag", default="", help="a name for this run's result files")
     return run(p.parse_args(argv))
 
 

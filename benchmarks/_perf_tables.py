@@ -133,6 +133,21 @@ def large(files):
                 "slowdown"], rows)
 
 
+def large_curve(files):
+    """The learner call's µs at every capacity the run measured (the capacity plot's
+    points), one row per library and variant."""
+    (name, data), = files
+    caps = sorted({r["capacity"] for r in data["capacity"]})
+    rows = []
+    for s in data["capacity_summary"]:
+        line = [f"{s['lib']} `{s['variant']}`"]
+        for cap in caps:
+            r = _pick(data["capacity"], variant=s["variant"], capacity=cap)
+            line.append("-" if r is None else f"{r['us']:,.1f}")
+        rows.append(line)
+    return _md(["µs per learner call"] + [f"2^{c.bit_length() - 1}" for c in caps], rows)
+
+
 def copy_floor(files):
     (name, data), = files
     rows = [[f["item"], f"{f['shmreplay_us']:.1f}", f"{f['numpy_floor_us']:.1f}",
@@ -339,6 +354,7 @@ def any_length(files):
 TABLES = {
 
     "vs_cpprb": vs_cpprb, "multiprocess": multiprocess, "startup": startup, "large": large,
+    "large_curve": large_curve,
     "copy_floor": copy_floor, "writers": writers, "learner_feed": learner_feed,
     "datasets": datasets, "soak_windows": soak_windows, "soak_memory": soak_memory, "soak_latency": soak_latency,
     "checkpoint": checkpoint, "checkpoint_ab": checkpoint_ab, "tf_client": tf_client,

@@ -8,7 +8,8 @@ Part 1, learner rate vs capacity: a prioritized table (alpha 0.4) of small trans
 Measured at every power of two from 2**14 to 2**20 items (the capacity plot's curve); the
 ratio rate(2**14) / rate(2**20) should stay within 2x. For contrast, cpprb's single-process ``PrioritizedReplayBuffer`` and its shared-memory
 ``MPPrioritizedReplayBuffer`` (no explorers) do ``sample(256, beta=0.4)`` +
-``update_priorities`` at the same capacities.
+``update_priorities`` at the same capacities. All of them (21 buffers, about 1 GB) are
+filled first and then timed interleaved, so a change of load hits the whole curve alike.
 
 Part 2, the floor: a uniform table of Atari-like frames, filled; ``sample_batch(256)``
 versus numpy gathering 256 random rows of local arrays of the same shapes with
@@ -108,64 +109,80 @@ def cpprb_learner_fn(rb, rng):
     return op
 
 
+def _shm_side(shm, cap, rng, prefix, keep):
+    """A filled prioritized table of ``cap`` items; its learner call."""
+    from shmreplay import rate_limiters, selectors
+    table = shm.Table("per", sampler=selectors.Prioritized(ALPHA), remover=selectors.Fifo(),
+                      max_size=cap, rate_limiter=rate_limiters.MinSize(1))
+    server = shm.Server(tables=[table], name=f"{prefix}-large-{cap}-{os.getpid()}")
+    keep.append(server.stop)
+    client = shm.Client(server.name)
+    keep.append(client.close)
+    fill(cap, min(cap, 65536), lambda n: small_batch(rng, n),
+         lambda b: client.insert_batch(b, {"per": rng.random(len(b["rew"])) + .05}))
+    size = client.server_info()["per"].current_size
+    if size != cap:
+        raise AssertionError(f"table holds {size} items after filling {cap}")
+    return shm_learner_fn(shm, client, "per", rng)
+
+
+def _cpprb_side(cpprb, variant, cap, rng, keep):
+    import multiprocessing as mp
+    if variant == "PrioritizedReplayBuffer":
+        rb = cpprb.PrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA)
+    else:
+        rb = cpprb.MPPrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA,
+                                             ctx=mp.get_context("fork"))
+    keep.append(rb)
+    fill(cap, min(cap, 65536), lambda n: small_batch(rng, n),
+         lambda b: rb.add(**b, priorities=rng.random(len(b["rew"])) + .05))
+    return cpprb_learner_fn(rb, rng)
+
+
 def part_capacity(libs, shm, cpprb, timing, rng, errors, prefix):
-    rows = []
+    """Every (library, capacity) learner call, all held at once and timed interleaved,
+    so that a change of the machine's load hits every point of the curves alike."""
+    sides = []  # (lib, variant, cap, make)
     for cap in CAPACITIES:
-        chunk = min(cap, 65536)
         if shm is not None:
-            from shmreplay import rate_limiters, selectors
+            sides.append(("shmreplay", "Client.sample_batch+update", cap,
+                          lambda keep, cap=cap: _shm_side(shm, cap, rng, prefix, keep)))
+        if cpprb is not None:
+            for variant in ("PrioritizedReplayBuffer", "MPPrioritizedReplayBuffer"):
+                sides.append(("cpprb", variant + " sample+update", cap,
+                              lambda keep, v=variant, cap=cap: _cpprb_side(cpprb, v, cap,
+                                                                           rng, keep)))
+    keep, fns, labels = [], {}, {}
+    rows = []
+    try:
+        for lib, variant, cap, make in sides:
+            label = f"{lib} {variant} {cap}"
             try:
-                table = shm.Table("per", sampler=selectors.Prioritized(ALPHA),
-                                  remover=selectors.Fifo(), max_size=cap,
-                                  rate_limiter=rate_limiters.MinSize(1))
-                server = shm.Server(tables=[table], name=f"{prefix}-large-{cap}-{os.getpid()}")
-                try:
-                    client = shm.Client(server.name)
-                    fill(cap, chunk, lambda n: small_batch(rng, n),
-                         lambda b: client.insert_batch(b, {"per": rng.random(len(b["rew"])) + .05}))
-                    size = client.server_info()["per"].current_size
-                    if size != cap:
-                        raise AssertionError(f"table holds {size} items after filling {cap}")
-                    t = C.time_per_call(shm_learner_fn(shm, client, "per", rng), **timing)
-                    rows.append({"lib": "shmreplay", "variant": "Client.sample_batch+update",
-                                 "capacity": cap, "us": t["median"] * 1e6,
-                                 "best_us": t["best"] * 1e6,
-                                 "items_s": BATCH / t["median"]})
-                    client.close()
-                finally:
-                    server.stop()
+                fns[label] = make(keep)
+                labels[label] = (lib, variant, cap)
             except Exception as exc:  # noqa: BLE001 - report, never work around
                 tb = traceback.format_exc()
-                print(f"shmreplay capacity {cap} failed:\n{tb}")
-                errors.append({"lib": "shmreplay", "where": f"capacity {cap}",
+                print(f"{lib} {variant} capacity {cap} failed:\n{tb}")
+                errors.append({"lib": lib, "where": f"{variant} capacity {cap}",
                                "error": repr(exc), "traceback": tb})
-        if cpprb is not None:
-            import multiprocessing as mp
-            for variant in ("PrioritizedReplayBuffer", "MPPrioritizedReplayBuffer"):
-                try:
-                    if variant == "PrioritizedReplayBuffer":
-                        rb = cpprb.PrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA)
-                    else:
-                        rb = cpprb.MPPrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA,
-                                                             ctx=mp.get_context("fork"))
-                    fill(cap, chunk, lambda n: small_batch(rng, n),
-                         lambda b: rb.add(**b, priorities=rng.random(len(b["rew"])) + .05))
-                    t = C.time_per_call(cpprb_learner_fn(rb, rng), **timing)
-                    rows.append({"lib": "cpprb", "variant": variant + " sample+update",
-                                 "capacity": cap, "us": t["median"] * 1e6,
-                                 "best_us": t["best"] * 1e6,
-                                 "items_s": BATCH / t["median"]})
-                    del rb
-                    gc.collect()
-                except Exception as exc:  # noqa: BLE001
-                    tb = traceback.format_exc()
-                    print(f"cpprb {variant} capacity {cap} failed:\n{tb}")
-                    errors.append({"lib": "cpprb", "where": f"{variant} capacity {cap}",
-                                   "error": repr(exc), "traceback": tb})
-        for r in rows:
-            if r["capacity"] == cap:
-                print(f"  {r['lib']:9s} {r['variant']:42s} cap 2^{cap.bit_length() - 1}: "
-                      f"{r['us']:9.1f} us/call  {C.fmt_num(r['items_s'])} items/s", flush=True)
+        print(f"  {len(fns)} learner calls filled; timing them interleaved", flush=True)
+        timed = C.time_interleaved(fns, **timing) if fns else {}
+    finally:
+        for item in reversed(keep):
+            try:
+                if callable(item):
+                    item()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        keep.clear()
+        gc.collect()
+    for label, t in timed.items():
+        lib, variant, cap = labels[label]
+        rows.append({"lib": lib, "variant": variant, "capacity": cap, "us": t["median"] * 1e6,
+                     "best_us": t["best"] * 1e6, "items_s": BATCH / t["median"]})
+        print(f"  {lib:9s} {variant:42s} cap 2^{cap.bit_length() - 1}: "
+              f"{t['median'] * 1e6:9.1f} us/call  {C.fmt_num(BATCH / t['median'])} items/s",
+              flush=True)
     return rows
 
 

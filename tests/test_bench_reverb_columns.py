@@ -124,3 +124,24 @@ def test_the_per_call_plot_draws_reverb_when_measured(monkeypatch):
     assert "Reverb 0.14.0" in title
     lines, title = reverb_lines({"results": _rows(), "config": config})
     assert lines == [] and "Reverb: not in this JSON" in title
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("REVERB_PYTHON"),
+                    reason="needs $REVERB_PYTHON, a Python with dm-reverb")
+def test_the_reverb_worker_times_every_case_through_reverb():
+    """The real worker, in Reverb's virtualenv (about half a minute)."""
+    import json
+    import os
+    import subprocess
+    proc = subprocess.run(
+        [os.environ["REVERB_PYTHON"], str(ROOT / "benchmarks" / "bench_vs_cpprb.py"),
+         "--reverb-worker", "--quick"],
+        capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    assert out["errors"] == [] and out["versions"]["dm-reverb"]
+    assert [(r["op"], r["sampler"], r["n"]) for r in out["results"]] == vs.cases()
+    for row in out["results"]:
+        apis = ("writer", "insert") if row["op"] == "add" else ("client",)
+        assert all(row[api]["median_us"] > 0 for api in apis), row

@@ -10,7 +10,12 @@ worker processes:
   python), with ``benchmarks/compat/shim`` first on ``sys.path`` so that the adders'
   ``import reverb`` is shmreplay (this checkout);
 * Reverb: ``--reverb-python`` (dm-reverb 0.14, TensorFlow 2.15), in-process
-  ``reverb.Server``, client over localhost gRPC.
+  ``reverb.Server``, client over localhost gRPC;
+* a reference, *Acme alone* (in ``--acme-python``): the same adders over a client whose
+  ``trajectory_writer`` does nothing (``_NullWriter``: ``append`` keeps each field's
+  value in a list, ``history[k][i]`` / ``[a:b]`` and ``.numpy()`` read them back,
+  ``create_item``, ``flush`` and ``end_episode`` only count or reset). What Acme's
+  own code costs per step, which no backend can take away.
 
 Each worker makes one table per adder, as Acme's agents do (``Uniform``, ``Fifo``,
 ``MinSize(1)``, the adder's ``signature(env_spec)``, items validated against it, Acme's
@@ -47,7 +52,7 @@ DEFAULT_ACME_PYTHON = "/work/compat-venv/bin/python"
 EPISODE_STEPS = 100
 N_STEP, DISCOUNT = 5, 0.99
 SEQUENCE_LENGTH, PERIOD = 20, 10
-BACKENDS = ("shmreplay", "reverb")
+BACKENDS = ("shmreplay", "reverb", "null")
 # case key -> label; table max_size per dataset (items). Tables are sized so that the
 # first pass (the fill) is about 20k small or 5k frame steps per adder.
 ADDERS = {
@@ -64,7 +69,7 @@ def _use_backend(backend):
     """Makes ``import reverb`` the backend's (before anything imports it)."""
     if COMPAT not in sys.path:
         sys.path.insert(0, COMPAT)
-    if backend == "shmreplay":
+    if backend != "reverb":  # the null writer's adders import the shim's reverb
         sys.path.insert(0, SHIM)
     sys.path.append(STUBS)  # after site-packages: a real dm-launchpad wins
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -95,6 +100,86 @@ def _episode(steps):
             dm_env.StepType.LAST if last else dm_env.StepType.MID, s["reward"],
             np.float32(0.0) if last else s["discount"], obs[t % len(obs)])))
     return first, moves
+
+
+class _NullRef:
+    """``history[k][i]`` or ``history[k][a:b]`` of ``_NullWriter``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def numpy(self):
+        value = self.value
+        return np.stack(value) if type(value) is list else value
+
+
+class _NullColumn:
+    """``history[k]`` of ``_NullWriter``: the field's value at each step of the episode
+    (``None`` where a step has none)."""
+
+    __slots__ = ("writer", "values")
+
+    def __init__(self, writer):
+        self.writer, self.values = writer, []
+
+    def __getitem__(self, index):
+        values, n = self.values, self.writer.steps_begun
+        if len(values) < n:
+            values.extend([None] * (n - len(values)))
+        return _NullRef(values[index])
+
+
+class _NullWriter:
+    """A ``TrajectoryWriter`` that does nothing but what Acme's adders read back."""
+
+    def __init__(self):
+        self.history, self.episode_steps, self.items, self._open = {}, 0, 0, False
+
+    @property
+    def steps_begun(self):
+        return self.episode_steps + self._open
+
+    def append(self, data, partial_step=False):
+        index = self.episode_steps
+        for key, value in data.items():
+            if isinstance(value, (dict, list, tuple)):
+                raise TypeError(f"null writer: field {key} is a nest, not a leaf")
+            column = self.history.get(key)
+            if column is None:
+                column = self.history[key] = _NullColumn(self)
+            values = column.values
+            if len(values) < index:
+                values.extend([None] * (index - len(values)))
+            if len(values) == index:
+                values.append(value)
+            else:
+                values[index] = value
+        self._open = partial_step
+        if not partial_step:
+            self.episode_steps += 1
+
+    def create_item(self, table, priority, trajectory):
+        self.items += 1
+
+    def flush(self, block_until_num_items=0, timeout_ms=None):
+        pass
+
+    def end_episode(self, clear_buffers=True, timeout_ms=None):
+        self.history, self.episode_steps, self._open = {}, 0, False
+
+    def close(self):
+        pass
+
+
+class _NullClient:
+    def __init__(self):
+        self.writers = []
+
+    def trajectory_writer(self, num_keep_alive_refs, **kwargs):
+        self.writers.append(_NullWriter())
+        return self.writers[-1]
 
 
 def _make_adder(adders, key, client):
@@ -141,10 +226,13 @@ def worker(backend, datasets, dataset_names, make_pool, timing, quick, seed, pre
         res = {"episode_steps": EPISODE_STEPS, "cases": {}, "first_pass_us": {},
                "fill_steps": {}, "items_per_episode": {}, "tables": {},
                "loadavg_before": C.load_average()}
-        tables = [reverb.Table(key, reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+        tables = [] if backend == "null" else [
+                  reverb.Table(key, reverb.selectors.Uniform(), reverb.selectors.Fifo(),
                                CAPACITY[dname][key], reverb.rate_limiters.MinSize(1),
                                signature=_signature(adders, key, spec)) for key in ADDERS]
-        if backend == "shmreplay":
+        if backend == "null":
+            server, client = None, {key: _NullClient() for key in ADDERS}
+        elif backend == "shmreplay":
             server = reverb.Server(tables=tables, name=f"{prefix}-acme-{dname}-{os.getpid()}")
             client = reverb.Client(server.name)
         else:
@@ -154,7 +242,8 @@ def worker(backend, datasets, dataset_names, make_pool, timing, quick, seed, pre
             fns, live = {}, []
             for key in ADDERS:
                 try:
-                    adder = _make_adder(adders, key, client)
+                    adder = _make_adder(adders, key,
+                                        client[key] if backend == "null" else client)
                     live.append(adder)
 
                     def episode(adder=adder):
@@ -162,7 +251,7 @@ def worker(backend, datasets, dataset_names, make_pool, timing, quick, seed, pre
                         for action, timestep in moves:
                             adder.add(action, timestep)
                     episode()
-                    res["items_per_episode"][key] = int(client.server_info()[key].current_size)
+                    res["items_per_episode"][key] = _num_items(client, key)
                     cap = CAPACITY[dname][key]
                     per_item = 1 if key == "acme_nstep" else PERIOD
                     n_episodes = 3 if quick else -(-cap * per_item // EPISODE_STEPS)
@@ -183,20 +272,27 @@ def worker(backend, datasets, dataset_names, make_pool, timing, quick, seed, pre
                                      "best_us": t["best"] / EPISODE_STEPS * 1e6,
                                      "number": t["number"], "repeat": t["repeat"],
                                      "steps_per_call": EPISODE_STEPS}
-            info = client.server_info()
             res["tables"] = {key: {"max_size": CAPACITY[dname][key],
-                                   "current_size": int(info[key].current_size)}
-                             for key in ADDERS}
+                                   "current_size": _num_items(client, key)} for key in ADDERS}
             for adder in live:  # flushes and closes the writer, as Acme's tests do
                 adder.__del__()
         finally:
             res["loadavg_after"] = C.load_average()
             if backend == "shmreplay":
                 client.close()
-            server.stop()
+            if server is not None:
+                server.stop()
         out["datasets"][dname] = res
     print(json.dumps(out), flush=True)
     return 0
+
+
+def _num_items(client, key):
+    """The table's size; for the null writer (``client``: a ``_NullClient`` per case),
+    the items written so far."""
+    if isinstance(client, dict):
+        return sum(writer.items for writer in client[key].writers)
+    return int(client.server_info()[key].current_size)
 
 
 def _acme_commit(git_dir):
@@ -288,56 +384,62 @@ def _merge(outs):
     return merged
 
 
+LABELS = {"shmreplay": "shmreplay", "reverb": "Reverb", "null": "Acme alone"}
+
+
 def report(results, C):
     """(markdown lines, text lines, summary lines) of the workers' results."""
     md, text, summary = [], [], []
-    shm, rv = results.get("shmreplay"), results.get("reverb")
-    if not shm and not rv:
+    got = {b: results[b] for b in BACKENDS if results.get(b)}
+    if not got:
         return md, text, summary
-    names = list((shm or rv)["datasets"])
-    headers = ["adder", "dataset", "shmreplay µs/step", "Reverb µs/step",
-               "Reverb ÷ shmreplay", "first pass shmreplay / Reverb",
-               "items per episode shmreplay / Reverb"]
+    shm, rv, null = (got.get(b, {}).get("datasets", {}) for b in BACKENDS)
+
+    def us(res, dname, key, field="cases"):
+        value = res.get(dname, {}).get(field, {}).get(key)
+        return value.get("median_us") if isinstance(value, dict) else value
+
+    headers = ["adder", "dataset", "shmreplay µs/step", "Reverb µs/step", "Reverb ÷ shmreplay",
+               "Acme alone µs/step (null writer)", "shmreplay − Acme alone",
+               "Reverb − Acme alone", "first pass shmreplay / Reverb",
+               "items per episode shmreplay / Reverb / Acme alone"]
     rows = []
-    for dname in names:
-        a = shm["datasets"].get(dname, {}) if shm else {}
-        b = rv["datasets"].get(dname, {}) if rv else {}
+    for dname in next(iter(got.values()))["datasets"]:
         for key, label in ADDERS.items():
-            ma = a.get("cases", {}).get(key, {}).get("median_us")
-            mb = b.get("cases", {}).get(key, {}).get("median_us")
+            ma, mb, mn = us(shm, dname, key), us(rv, dname, key), us(null, dname, key)
             ratio = mb / ma if ma and mb else None
-            fa, fb = a.get("first_pass_us", {}).get(key), b.get("first_pass_us", {}).get(key)
-            ia = a.get("items_per_episode", {}).get(key)
-            ib = b.get("items_per_episode", {}).get(key)
-            rows.append([label, dname, C.fmt_num(ma, 1), C.fmt_num(mb, 1),
-                         C.fmt_ratio(ratio), f"{C.fmt_num(fa, 1)} / {C.fmt_num(fb, 1)}",
-                         f"{ia} / {ib}"])
+            items = " / ".join(str(r.get(dname, {}).get("items_per_episode", {}).get(key))
+                               for r in (shm, rv, null))
+            rows.append([label, dname, C.fmt_num(ma, 1), C.fmt_num(mb, 1), C.fmt_ratio(ratio),
+                         C.fmt_num(mn, 1), C.fmt_num(ma - mn if ma and mn else None, 1),
+                         C.fmt_num(mb - mn if mb and mn else None, 1),
+                         f"{C.fmt_num(us(shm, dname, key, 'first_pass_us'), 1)} / "
+                         f"{C.fmt_num(us(rv, dname, key, 'first_pass_us'), 1)}", items])
             if ma is not None or mb is not None:
                 summary.append(f"{dname}, Acme {label}: shmreplay {C.fmt_num(ma, 1)} µs/step, "
                                f"Reverb {C.fmt_num(mb, 1)} µs/step"
-                               + (f" (Reverb {ratio:.2f}x shmreplay)" if ratio else ""))
-    loads = []
-    for backend, r in (("shmreplay", shm), ("Reverb", rv)):
-        if r:
-            loads += [f"{backend} {d}: " + ", ".join(
-                f"{b} / {a}" for b, a in zip(x["loadavg_before"], x["loadavg_after"]))
-                for d, x in r["datasets"].items()]
-    commit = (shm or rv).get("acme_source_commit") or "?"
-    versions = []
-    for backend, r in (("shmreplay", shm), ("Reverb", rv)):
-        if r:
-            v = r["versions"]
-            versions.append(f"{backend}: " + ", ".join(f"{k} {v[k]}" for k in v))
+                               + (f" (Reverb {ratio:.2f}x shmreplay)" if ratio else "")
+                               + (f"; Acme alone {mn:.1f}" if mn else ""))
+    loads, versions = [], []
+    for backend, r in got.items():
+        loads += [f"{LABELS[backend]} {d}: " + ", ".join(
+            f"{b} / {a}" for b, a in zip(x["loadavg_before"], x["loadavg_after"]))
+            for d, x in r["datasets"].items()]
+        v = r["versions"]
+        versions.append(f"{LABELS[backend]}: " + ", ".join(f"{k} {v[k]}" for k in v))
+    first = next(iter(got.values()))
+    commit = first.get("acme_source_commit") or "?"
     md += ["#### Acme's adders, per environment step", "",
            f"Acme's adders at Acme {commit[:12]} (over dm-acme 0.4.0), the same code on "
            f"both backends; episodes of {EPISODE_STEPS} steps (add_first + {EPISODE_STEPS} "
            "add, the last a termination), one episode per timed call, µs per step, "
-           f"median of {len((shm or rv)['rounds'])} alternating worker rounds per backend; "
-           "tables "
+           f"median of {len(first['rounds'])} alternating worker rounds per backend; tables "
            "with the adder's signature, Uniform/Fifo/MinSize(1), full before timing "
            "(max_size " + "; ".join(f"{d}: " + ", ".join(f"{k[5:]} {v}" for k, v in c.items())
                                     for d, c in CAPACITY.items()) + " items). "
-           "'Reverb ÷ shmreplay' > 1: shmreplay is faster.", "",
+           "'Reverb ÷ shmreplay' > 1: shmreplay is faster. 'Acme alone': the same adders "
+           "over a writer that does nothing (Acme's own cost per step, in the shmreplay "
+           "virtualenv).", "",
            C.render_table(headers, rows, markdown=True), "",
            "Versions: " + "; ".join(versions), "",
            "Load average before / after each worker's part, per round: " + "; ".join(loads), ""]

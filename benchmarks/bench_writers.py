@@ -900,7 +900,8 @@ def run(args):
                        or (_acme_adders.DEFAULT_ACME_PYTHON
                            if os.path.exists(_acme_adders.DEFAULT_ACME_PYTHON) else None))
         acme = _acme_adders.run(os.path.abspath(__file__),
-                                {"shmreplay": acme_python, "reverb": reverb_python}, args,
+                                {"shmreplay": acme_python, "reverb": reverb_python,
+                                 "null": acme_python}, args,
                                 errors, rounds=args.acme_rounds)
     md_body, text, targets, target_lines = build_report(info, args, timing, results, reverb,
                                                         errors)

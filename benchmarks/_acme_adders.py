@@ -318,7 +318,16 @@ def run(script, pythons, args, errors, rounds=2):
                 if out is not None:
                     runs.setdefault(backend, []).append(out)
                     _print(backend, out, f"round {r + 1}/{rounds}")
-    return {backend: _merge(outs) for backend, outs in runs.items()}
+    merged = {backend: _merge(outs) for backend, outs in runs.items()}
+    # The backends (and the null writer) must see the same items: one episode's count.
+    for dname in args.datasets.split(","):
+        for key in ADDERS:
+            counts = {b: r["datasets"].get(dname, {}).get("items_per_episode", {}).get(key)
+                      for b, r in merged.items()}
+            if len({c for c in counts.values() if c is not None}) > 1:
+                errors.append({"lib": "acme", "where": f"{dname} {key}",
+                               "error": f"items per episode differ: {counts}"})
+    return merged
 
 
 def _run_worker(script, python, backend, args, errors):

@@ -3,7 +3,7 @@
 Part of ``bench_writers.py`` (``--libs acme``; not a script of its own). The same adder
 code, Acme's current ``acme/adders/reverb`` (read from Acme's git repository by
 ``compat/item_exact_cases.acme_adders``, over the installed dm-acme 0.4.0, whose own
-adders pass ``get_signature_timeout_ms``, which dm-reverb 0.14 refuses), runs in two
+adders pass ``get_signature_timeout_ms``, which dm-reverb 0.14 refuses), runs in three
 worker processes:
 
 * shmreplay: ``--acme-python`` (default ``$ACME_PYTHON``, else ``/work/compat-venv``'s

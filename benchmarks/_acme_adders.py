@@ -28,7 +28,7 @@ timed call is one whole episode; the figure is its time / ``EPISODE_STEPS`` (µs
 environment step, ``add_first`` included). Before timing, each adder runs episodes
 until its table is full (``first pass``), so every item then evicts one: steady state.
 The two adders' timings are interleaved within a worker (``_common.time_interleaved``:
-median of repeats); the backends' workers alternate, ``--acme-rounds`` (2) workers
+median of repeats); the backends' workers alternate, ``--acme-rounds`` (3) workers
 each, and a figure is the median of a backend's round medians (each round's figures and
 load averages are kept in the JSON).
 """
@@ -305,7 +305,7 @@ def _acme_commit(git_dir):
 
 # --------------------------------------------------------------------------- parent
 
-def run(script, pythons, args, errors, rounds=2):
+def run(script, pythons, args, errors, rounds=3):
     """Runs the worker of each backend whose python is given, the backends alternating,
     ``rounds`` times each: ``{backend: merged worker JSON}`` (``_merge``); a failed
     worker is recorded in ``errors``."""

@@ -68,7 +68,7 @@ Reverb needs TensorFlow and numpy < 2, so it runs in its own virtualenv:
 steps followed by ``flush()``, divided by the block length. Without it Reverb is "not
 measured here" and the issue's figure (about 290 µs per one-step item) is quoted.
 
-Acme's adders (``--libs acme``; ``_acme_adders.py``): Acme's ``NStepTransitionAdder``
+Acme's adders (``--libs acme``, not run by default; ``_acme_adders.py``): Acme's ``NStepTransitionAdder``
 (n_step 5) and ``SequenceAdder`` (length 20, period 10) on both step shapes, µs per
 environment step over episodes of 100 steps, the same adder code on shmreplay (through
 ``compat/shim``, in ``--acme-python``, default ``$ACME_PYTHON`` or /work/compat-venv) and
@@ -116,6 +116,7 @@ TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "traj_sq
           "traj_squeezed", "traj_nstep": "traj_nstep", "insert": "insert",
           "floor": "floor", "traj_floor": "traj_floor"}
 LIBS = ("numpy", "shmreplay", "cpprb", "reverb", "acme")
+DEFAULT_LIBS = ("numpy", "shmreplay", "cpprb", "reverb")  # acme: only when asked for
 IN_PROCESS_LIBS = ("numpy", "shmreplay", "cpprb")
 
 # case key -> (library, label), in print order
@@ -973,8 +974,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="few short repeats, tables not filled (a smoke run, a few seconds)")
-    p.add_argument("--libs", default=",".join(LIBS),
-                   help=f"comma-separated subset of {','.join(LIBS)}")
+    p.add_argument("--libs", default=",".join(DEFAULT_LIBS),
+                   help=f"comma-separated subset of {','.join(LIBS)} (default: all but acme)")
     p.add_argument("--datasets", default="small,frames", help="small,frames or one of them")
     p.add_argument("--reverb-python", default=None,
                    help="python of a virtualenv with dm-reverb (default: $REVERB_PYTHON)")
@@ -984,7 +985,7 @@ def main(argv=None):
     p.add_argument("--acme-python", default=None,
                    help="python of a virtualenv with dm-acme, for Acme's adders on shmreplay "
                         f"(default: $ACME_PYTHON, else {_acme_adders.DEFAULT_ACME_PYTHON})")
-    p.add_argument("--acme-rounds", type=int, default=2,
+    p.add_argument("--acme-rounds", type=int, default=3,
                    help="worker rounds per backend for Acme's adders (alternating)")
     p.add_argument("--reverb-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--acme-worker", choices=_acme_adders.BACKENDS, help=argparse.SUPPRESS)

@@ -13,6 +13,7 @@ import threading
 from typing import Optional
 
 from shmreplay import client as _client, specs
+from shmreplay._client import address as _address
 from shmreplay._ray.column import RemoteColumn
 from shmreplay._ray.ledger import Ledger
 
@@ -52,7 +53,9 @@ class BufferActor:
     def __init__(self, buffer_name: str, ledger_directory: Optional[str] = None):
         self._name = buffer_name
         self._client = _client.Client(buffer_name)        # lazy: waits for the buffer
-        self._ledger = Ledger(buffer_name, ledger_directory)
+        # Named by the buffer's own name ("localhost:P" is "port-P"), as `shmreplay gc`
+        # finds the buffer of a ledger.
+        self._ledger = Ledger(_address.buffer_name(buffer_name), ledger_directory)
         self._writers = {}
         self._writers_lock = threading.Lock()
         self._die_after_apply = False

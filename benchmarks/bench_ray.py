@@ -102,20 +102,32 @@ class Sender:
                                                    for key in ("obs", "action", "reward")})
             return _timed(seconds, step, 1)
 
-    def frames(self, seconds, batch, bound=False):
+    def frames(self, seconds, batch, bound=None):
         data = {"frame": np.random.default_rng(0).integers(0, 255, (batch,) + FRAME,
                                                            dtype=np.uint8)}
-        if bound:
-            return _timed(seconds, lambda: ray.get(self.sink.take.remote(data)), batch)
+        if bound:   # "take" (Ray alone) or "copy" (Ray, and one copy of the batch)
+            method = getattr(self.sink, bound)
+            return _timed(seconds, lambda: ray.get(method.remote(data)), batch)
         return _timed(seconds, lambda: self.remote.insert_batch(data, {"frames": 1.0}),
                       batch)
 
 
 class Sink:
-    """On the buffer's node: takes a payload and drops it (what Ray alone carries)."""
+    """On the buffer's node: takes a payload and drops it (what Ray alone carries), or
+    copies it once first (Ray and the one copy that landing it in the buffer needs)."""
+
+    def __init__(self):
+        self._rows = None
 
     def take(self, data):
         return None
+
+    def copy(self, data):
+        """Copies the frames into memory of its own, as a local insert_batch must."""
+        frames = data["frame"]
+        if self._rows is None or self._rows.shape[0] < len(frames):
+            self._rows = np.empty_like(frames)
+        self._rows[:len(frames)] = frames
 
 
 class TimedBufferActor(BufferActor):
@@ -210,10 +222,13 @@ def run_ray(args, runs):
             for b in (8, 64):
                 lines += [(f"remote insert_batch of frames B={b}, {n}", framers, "frames",
                            (b,)),
-                          (f"Ray alone, same payload B={b}, {n}", framers, "frames",
-                           (b, True))]
+                          (f"Ray alone, same frames B={b}, {n}", framers, "frames",
+                           (b, "take")),
+                          (f"Ray and one copy, same frames B={b}, {n}", framers, "frames",
+                           (b, "copy"))]
+            lines = [line for line in lines if args.only in line[0]]
             for repeat in range(args.repeats):
-                for kind in ("insert", "writer"):
+                for kind in ("insert", "writer") if args.only in "local" else ():
                     label = f"local Client.{kind}" if kind == "insert" else \
                         "local trajectory_writer"
                     count, elapsed, p50, p99 = _local(server.name, args.seconds, kind)
@@ -235,7 +250,7 @@ def run_ray(args, runs):
 
 
 def _record(runs, label, result):
-    if "frames" in label or "payload" in label:
+    if "frames" in label:
         result["mb_per_s"] = result["items_per_s"] * FRAME_MB
     result["loadavg"] = C.load_average()
     runs.setdefault(label, {"repeats": []})["repeats"].append(result)
@@ -288,11 +303,11 @@ def summarize(runs):
         summary[label] = {key: value for key, value in line.items() if value is not None}
     for label in list(summary):
         if label.startswith("remote insert_batch of frames"):
-            bound = summary.get(label.replace("remote insert_batch of frames",
-                                              "Ray alone, same payload"))
-            if bound:
-                summary[label]["of_ray_alone"] = (summary[label]["mb_per_s"]
-                                                  / bound["mb_per_s"])
+            for key, name in (("of_ray_alone", "Ray alone, same frames"),
+                              ("of_ray_and_copy", "Ray and one copy, same frames")):
+                bound = summary.get(label.replace("remote insert_batch of frames", name))
+                if bound:
+                    summary[label][key] = summary[label]["mb_per_s"] / bound["mb_per_s"]
     return summary
 
 
@@ -302,7 +317,8 @@ def markdown(info, args, summary, reverb):
         rows.append([label, C.fmt_num(line.get("items_per_s")),
                      C.fmt_num(line.get("mb_per_s")) if "mb_per_s" in line else "",
                      f"{line['p50_ms']:.2f} / {line['p99_ms']:.2f}",
-                     f"{line['of_ray_alone']:.0%}" if "of_ray_alone" in line else ""])
+                     f"{line['of_ray_alone']:.0%}" if "of_ray_alone" in line else "",
+                     f"{line['of_ray_and_copy']:.0%}" if "of_ray_and_copy" in line else ""])
     notes = [f"{args.repeats} runs of {args.seconds:g} s per line, interleaved; medians",
              f"Ray {ray.__version__}; 2 nodes of 1 CPU on this machine",
              "Reverb: " + (f"dm-reverb {reverb['versions'].get('dm-reverb')}, in-process "
@@ -310,7 +326,7 @@ def markdown(info, args, summary, reverb):
                            if reverb else "not measured (no --reverb-python)")]
     return C.markdown_report("Remote inserts: shmreplay.ray and Reverb", info, notes,
                              ["line", "items/s", "MB/s", "call p50 / p99 ms",
-                              "of Ray alone"], rows)
+                              "of Ray alone", "of Ray and one copy"], rows)
 
 
 def main(argv=None):
@@ -323,6 +339,7 @@ def main(argv=None):
                         help="python of a virtualenv with dm-reverb (default: $REVERB_PYTHON)")
     parser.add_argument("--suffix", default=None, help="results/ray-SUFFIX.json")
     parser.add_argument("--prefix", default="bench-ray", help="the buffer's name prefix")
+    parser.add_argument("--only", default="", help="only the lines whose label has this")
     args = parser.parse_args(argv)
     info = C.machine_info()
     info["versions"]["ray"] = ray.__version__

@@ -11,6 +11,7 @@ A chunk starts at ``(step, part)``: the episode's complete steps before it and t
 parts (``partial_step=True`` appends) of the open step already appended.
 """
 
+import pickle
 import threading
 from typing import Optional
 
@@ -125,6 +126,8 @@ class BufferActor:
         """
         first = tuple(first_step) if isinstance(first_step, (tuple, list)) \
             else (first_step, 0)
+        if type(ops) is bytes:   # the remote writers send their ops pickled, in one piece
+            ops = pickle.loads(ops)
         done, result = self._done(writer_id, seq)
         if done:
             return result

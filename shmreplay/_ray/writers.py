@@ -12,6 +12,7 @@ resends it (same sequence number), so it is inserted once.
 
 import collections
 import math
+import pickle
 import uuid
 from typing import Optional
 
@@ -127,8 +128,10 @@ class _ChunkedWriter:
         if not self._ops and not end_episode:
             return
         self._seq += 1
-        chunk = (self._seq, self._chunk_first_step, self._chunk_context, self._ops,
-                 end_episode)
+        # One bytes object: Ray would carry each of the steps' small arrays as a buffer
+        # of its own, at a cost per buffer.
+        ops = pickle.dumps(self._ops, protocol=pickle.HIGHEST_PROTOCOL)
+        chunk = (self._seq, self._chunk_first_step, self._chunk_context, ops, end_episode)
         self._ops, self._items, self._chunk_context = [], 0, None
         if end_episode:
             self._steps = 0

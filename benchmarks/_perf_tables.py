@@ -19,6 +19,7 @@ import statistics
 import _perf_sources as sources
 from _perf_format import md as _md, num as _num, pick as _pick, rate as _rate, writer_cases
 from _perf_tables_ab import AB_TABLES
+from _perf_tables_acme import ACME_TABLES
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 SOURCE = re.compile(r"<!-- source: @(?P<alias>[\w.-]+) (?P<file>\S+) -->")
@@ -359,7 +360,7 @@ TABLES = {
     "datasets": datasets, "soak_windows": soak_windows, "soak_memory": soak_memory, "soak_latency": soak_latency,
     "checkpoint": checkpoint, "checkpoint_ab": checkpoint_ab, "tf_client": tf_client,
     "ab_hot_paths": ab_hot_paths, "any_length": any_length,
-    **AB_TABLES,
+    **AB_TABLES, **ACME_TABLES,
 }
 
 

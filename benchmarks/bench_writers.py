@@ -68,6 +68,12 @@ Reverb needs TensorFlow and numpy < 2, so it runs in its own virtualenv:
 steps followed by ``flush()``, divided by the block length. Without it Reverb is "not
 measured here" and the issue's figure (about 290 µs per one-step item) is quoted.
 
+Acme's adders (``--libs acme``, not run by default; ``_acme_adders.py``): Acme's ``NStepTransitionAdder``
+(n_step 5) and ``SequenceAdder`` (length 20, period 10) on both step shapes, µs per
+environment step over episodes of 100 steps, the same adder code on shmreplay (through
+``compat/shim``, in ``--acme-python``, default ``$ACME_PYTHON`` or /work/compat-venv) and
+on Reverb (in ``--reverb-python``), one worker process each.
+
 Memory: a fresh writer writes N steps of 3-step overlapping items into an empty table;
 ``info.num_stored_steps`` and ``info.storage_bytes`` against N x (bytes of one step).
 
@@ -92,6 +98,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+import _acme_adders  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -108,7 +115,9 @@ REVERB_BLOCK = 200
 TABLES = {"legacy1": "legacy1", "legacy3": "legacy3", "traj3": "traj3", "traj_squeezed":
           "traj_squeezed", "traj_nstep": "traj_nstep", "insert": "insert",
           "floor": "floor", "traj_floor": "traj_floor"}
-LIBS = ("numpy", "shmreplay", "cpprb", "reverb")
+LIBS = ("numpy", "shmreplay", "cpprb", "reverb", "acme")
+DEFAULT_LIBS = ("numpy", "shmreplay", "cpprb", "reverb")  # acme: only when asked for
+IN_PROCESS_LIBS = ("numpy", "shmreplay", "cpprb")
 
 # case key -> (library, label), in print order
 CASES = {
@@ -863,7 +872,7 @@ def run(args):
     print(f"mode: {'quick' if args.quick else 'full'}; timing {timing}")
 
     results = {}
-    for dname in args.datasets.split(","):
+    for dname in args.datasets.split(",") if set(libs) & set(IN_PROCESS_LIBS) else ():
         results[dname] = run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors)
 
     reverb = None
@@ -886,8 +895,21 @@ def run(args):
             reverb_note = (f"Reverb: the worker failed (see errors); the issue quotes about "
                            f"{ISSUE_REVERB_US:g} µs per one-step item (not measured here)")
 
+    acme = {}
+    if "acme" in libs:
+        acme_python = (args.acme_python or os.environ.get("ACME_PYTHON")
+                       or (_acme_adders.DEFAULT_ACME_PYTHON
+                           if os.path.exists(_acme_adders.DEFAULT_ACME_PYTHON) else None))
+        acme = _acme_adders.run(os.path.abspath(__file__),
+                                {"shmreplay": acme_python, "reverb": reverb_python,
+                                 "null": acme_python}, args,
+                                errors, rounds=args.acme_rounds)
     md_body, text, targets, target_lines = build_report(info, args, timing, results, reverb,
                                                         errors)
+    acme_md, acme_text, acme_lines = _acme_adders.report(acme, C)
+    md_body += acme_md
+    text += acme_text
+    target_lines += acme_lines
     print()
     print("\n".join(text))
     print("\n".join(target_lines))
@@ -909,9 +931,16 @@ def run(args):
         "trajectory_writer(3); cpprb ReplayBuffer (single process, no lock); raw copy: "
         "ring[i % N] = leaf for each of the 4 leaves",
         reverb_note,
-    ] + target_lines
-    md = C.markdown_header("Writers: per-step cost of shmreplay's writers, cpprb, raw numpy copy"
-                           + (", Reverb" if reverb else ""), info, notes)
+    ]
+    if not results:  # --libs acme (and reverb): only the Acme section below
+        notes = notes[:1] + [f"mode: {'quick' if args.quick else 'full'}; only Acme's adders "
+                             f"(--libs {args.libs})"]
+    notes += target_lines
+    title = "Writers: per-step cost of " + ", ".join(
+        (["shmreplay's writers, cpprb, raw numpy copy"] if results else [])
+        + (["Reverb"] if reverb else []) + (["Acme's adders"]
+                                            if acme else []))
+    md = C.markdown_header(title, info, notes)
     md += "\n" + "\n".join(md_body) + "\n"
     if errors:
         md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
@@ -928,6 +957,7 @@ def run(args):
                "results": results,
                "reverb": reverb if reverb else {"measured": False, "note": reverb_note,
                                                 "issue_figure_us": ISSUE_REVERB_US},
+               "acme_adders": acme or {"measured": False},
                "targets": targets, "summary": target_lines, "errors": errors}
     stem = "writers" + (f"-{args.tag}" if args.tag else "" if args.quick
                         else f"-{info['date'][:10]}") + ("-quick" if args.quick else "")
@@ -944,18 +974,28 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="few short repeats, tables not filled (a smoke run, a few seconds)")
-    p.add_argument("--libs", default=",".join(LIBS),
-                   help=f"comma-separated subset of {','.join(LIBS)}")
+    p.add_argument("--libs", default=",".join(DEFAULT_LIBS),
+                   help=f"comma-separated subset of {','.join(LIBS)} (default: all but acme)")
     p.add_argument("--datasets", default="small,frames", help="small,frames or one of them")
     p.add_argument("--reverb-python", default=None,
                    help="python of a virtualenv with dm-reverb (default: $REVERB_PYTHON)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix", default="bench-writers", help="shared-memory name prefix")
     p.add_argument("--tag", default="", help="a name for this run's result files")
+    p.add_argument("--acme-python", default=None,
+                   help="python of a virtualenv with dm-acme, for Acme's adders on shmreplay "
+                        f"(default: $ACME_PYTHON, else {_acme_adders.DEFAULT_ACME_PYTHON})")
+    p.add_argument("--acme-rounds", type=int, default=3,
+                   help="worker rounds per backend for Acme's adders (alternating)")
     p.add_argument("--reverb-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--acme-worker", choices=_acme_adders.BACKENDS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reverb_worker:
         return reverb_worker(args)
+    if args.acme_worker:
+        return _acme_adders.worker(args.acme_worker, DATASETS, args.datasets.split(","),
+                                   make_pool, _timing(args.quick), args.quick, args.seed,
+                                   args.prefix)
     return run(args)
 
 

@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 TIMEOUTS = (0.05, 0.2, 0.5)
 ALLOWANCE = 0.1  # what a timeout may overrun by
+READY_TIMEOUT = 120.0  # s: spawning and attaching every worker, at most
 KILL_SHARE = 0.1  # of the faults; the others stop and resume
 MAX_SIZE = 400_000
 SPAWN = mp.get_context("spawn")
@@ -160,9 +161,14 @@ def learner(name, index, shared, seed, base, allowance):
                                  np.array([rng.uniform(0.5, 2.0) for _ in data["v"]]))
 
 
-def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWANCE):
+def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWANCE,
+        at_least=(0, 0), longest=None):
     """The whole run; returns the figures (a dict) and raises nothing on a violation.
-    A call counts as an overrun when it took longer than its timeout + ``allowance``."""
+    A call counts as an overrun when it took longer than its timeout + ``allowance``.
+
+    ``at_least=(stops, calls)``: the run goes on past ``seconds`` (up to ``longest``)
+    until it made that many stops and the workers that many calls with a timeout (on a
+    busy machine restarted workers take seconds to attach again)."""
     import shmreplay
     rng = random.Random(seed)
     name = name or f"faults-{os.getpid()}"
@@ -190,9 +196,19 @@ def run(seconds=60.0, actors=3, learners=2, seed=0, name=None, allowance=ALLOWAN
 
         workers = [start(i) for i in range(len(kinds))]
         try:
+            # The faults' time starts once every worker has attached: on a busy machine
+            # spawning and importing take seconds, and a run must not end before it began.
+            ready_by = time.monotonic() + READY_TIMEOUT
+            while not all(shared.ready[i] for i in range(len(kinds))):
+                if time.monotonic() > ready_by:
+                    raise TimeoutError(f"the workers did not attach within {READY_TIMEOUT} s")
+                time.sleep(0.05)
             ended = time.monotonic() + seconds
+            give_up = time.monotonic() + (longest or seconds)
             stopped = {}  # index -> when to resume it
-            while time.monotonic() < ended:
+            while time.monotonic() < ended or (
+                    (faults["stops"] < at_least[0] or sum(shared.calls) < at_least[1])
+                    and time.monotonic() < give_up):
                 time.sleep(rng.uniform(0.005, 0.05))
                 now = time.monotonic()
                 for index, when in list(stopped.items()):

@@ -20,6 +20,7 @@ from shmreplay._client import address as _address
 from shmreplay._shm import layout as _layout
 from shmreplay._shm import peek as _peek
 from shmreplay._ops import retire as _retire
+from shmreplay._ray import ledger as _ledger   # plain files: imports no Ray
 
 
 def cmd_ls(args, out):
@@ -27,6 +28,7 @@ def cmd_ls(args, out):
     found = _peek.segments()
     if not found:
         print("no shmreplay buffers", file=out)
+        _ls_ledgers(out)
         return 0
     labels = {name: _label(name) for name in found}
     width = max([40] + [len(label) for label in labels.values()])
@@ -37,7 +39,51 @@ def cmd_ls(args, out):
         print(f"{labels[name]:{width}s} {_or_unknown(seen.pid):>8s} {seen.status:8s} "
               f"{_or_unknown(seen.tables):>6s} {_or_unknown(seen.items):>10s} "
               f"{_peek.format_bytes(_peek.memory(entries)):>10s}", file=out)
+    _ls_ledgers(out)
     return 0
+
+
+def _ls_ledgers(out):
+    """``ls``'s second part: shmreplay.ray's ledger directories, with their buffer's state
+    (``gone``: no such buffer; ``gc`` removes the ledgers of gone and dead buffers)."""
+    found = _ledger.ledgers(_peek.SHM_DIR)
+    if not found:
+        return
+    width = max([40] + [len(name) for name in found])
+    print(f"\n{'RAY LEDGER OF BUFFER':{width}s} {'BUFFER':8s} {'FILES':>6s} {'MEMORY':>10s}",
+          file=out)
+    for name, path in found.items():
+        files, size = _ledger.ledger_files(path)
+        print(f"{name:{width}s} {_buffer_state(name)[0]:8s} {files:>6d} "
+              f"{_peek.format_bytes(size):>10s}", file=out)
+
+
+def _buffer_state(name):
+    """``(word, Peek)``: ``gone`` (no header segment), or the buffer's ``ls`` state."""
+    seen = _peek.peek(name, tables=False)
+    return ("gone" if not seen.exists else seen.status), seen
+
+
+def _gc_ledgers(out) -> int:
+    """``gc``'s second part: removes each ledger whose buffer is gone or dead; never one
+    whose buffer is alive or cannot be judged. Returns how many it removed."""
+    removed = 0
+    for name, path in _ledger.ledgers(_peek.SHM_DIR).items():
+        word, seen = _buffer_state(name)
+        if word != "gone" and seen.alive is not False:
+            if seen.alive is None:
+                print(f"ray ledger {path}: left alone: buffer {name}: {seen.problem}",
+                      file=out)
+            continue
+        try:
+            files = _ledger.remove_directory(path)
+        except OSError as exc:
+            print(f"shmreplay: cannot remove {path}: {exc.strerror}", file=sys.stderr)
+            continue
+        removed += 1
+        print(f"ray ledger {path}: buffer {name} is {'gone' if word == 'gone' else 'dead'}; "
+              f"removed ({files} file(s))", file=out)
+    return removed
 
 
 def _label(name) -> str:
@@ -308,7 +354,8 @@ def cmd_rm(args, out):
 
 
 def cmd_gc(args, out):
-    """``shmreplay gc``: removes every buffer whose owner process is gone."""
+    """``shmreplay gc``: removes every buffer whose owner process is gone, then the
+    shmreplay.ray ledgers of buffers that are gone."""
     removed = 0
     for name, entries in _peek.segments().items():
         seen = _peek.peek(name, tables=False)
@@ -319,6 +366,7 @@ def cmd_gc(args, out):
         elif seen.alive is None:  # nothing says it is dead: never removed on a guess
             print(f"{name}: left alone: {seen.problem} (if it stays, `shmreplay rm --force "
                   f"{name}` removes it)", file=out)
+    removed += _gc_ledgers(out)
     if not removed:
         print("nothing to remove", file=out)
     return 0
@@ -380,7 +428,9 @@ def main(argv=None, out=None):
                     "pid namespace: not judged from here), or ? (not a buffer this "
                     "shmreplay can read); tables; items now; MEMORY, what the buffer's "
                     "segments occupy now (pages written so far, not the size reserved), "
-                    "the figure top and info show too.").set_defaults(run=cmd_ls)
+                    "the figure top and info show too. Then shmreplay.ray's ledger "
+                    "directories (/dev/shm/shmreplay-ray-ledger.BUFFER), with their "
+                    "buffer's state (gone: it does not exist).").set_defaults(run=cmd_ls)
     info = commands.add_parser("info", help="tables, sizes, counters and rate-limiter state")
     info.add_argument("name")
     info.set_defaults(run=cmd_info)
@@ -408,7 +458,8 @@ def main(argv=None, out=None):
                          "shmreplay can read")
     rm.set_defaults(run=cmd_rm)
     commands.add_parser("gc", help="remove buffers whose owner is dead (never one whose owner "
-                                   "cannot be judged)").set_defaults(run=cmd_gc)
+                                   "cannot be judged), and shmreplay.ray's ledgers of "
+                                   "buffers gone or dead").set_defaults(run=cmd_gc)
     commands.add_parser(
         "compile", help="compile the kernels now (the first Server would), e.g. in an image build",
         description="Fill numba's cache with every kernel of this shmreplay for this CPU, "

@@ -444,3 +444,41 @@ def test_ls_top_and_info_show_the_same_memory(buffer_name):
     assert listed.endswith("KiB") or listed.endswith("MiB")
     assert f"  memory {listed}  " in top.splitlines()[0]
     assert f"; {listed} in memory (all its segments, as ls and top count it)" in info
+
+
+def test_gc_removes_ray_ledgers_only_of_buffers_gone_or_dead(tmp_path, buffer_name):
+    """shmreplay.ray's ledger directories (no Ray needed: the ledger is plain files):
+    ``ls`` shows them with their buffer's state; ``gc`` removes those of a buffer that is
+    gone or dead, never one whose buffer is alive or cannot be judged."""
+    from shmreplay._ray import ledger
+    with _server(buffer_name):
+        shm = _fake_shm(tmp_path, buffer_name)
+        shutil.copyfile(f"/dev/shm/shmreplay.{buffer_name}", shm / "shmreplay.live-one")
+    os.chmod(shm / "shmreplay.live-one", 0o600)   # its owner: this process, alive
+    for name in ("live-one", "dead-owner", "being-created", "never-was"):
+        ledger.Ledger(name, directory=str(shm)).record("ab12", 3, [7])
+    (shm / "shmreplay-ray-ledger.not-a-dir").write_bytes(b"")
+    listed = _cli_without_engines("ls", shm=shm)
+    assert listed.returncode == 0, listed.stderr
+    ledgers = listed.stdout.split("RAY LEDGER OF BUFFER", 1)[1]
+    states = {name: _ls_line(ledgers, name)[1:3]
+              for name in ("live-one", "dead-owner", "being-created", "never-was")}
+    assert states == {"live-one": ["alive", "1"], "dead-owner": ["dead", "1"],
+                      "being-created": ["?", "1"], "never-was": ["gone", "1"]}, listed.stdout
+    assert "not-a-dir" not in ledgers
+    collected = _cli_without_engines("gc", shm=shm)
+    assert collected.returncode == 0, collected.stderr
+    assert "buffer never-was is gone; removed (1 file(s))" in collected.stdout
+    # (the dead buffer went first, in the same gc)
+    assert "dead-owner: owner" in collected.stdout
+    assert "buffer dead-owner is gone; removed" in collected.stdout
+    assert "shmreplay-ray-ledger.being-created: left alone" in collected.stdout
+    left = sorted(entry for entry in os.listdir(shm) if entry.startswith("shmreplay-ray"))
+    assert left == ["shmreplay-ray-ledger.being-created", "shmreplay-ray-ledger.live-one",
+                    "shmreplay-ray-ledger.not-a-dir"]
+    # A service's ledger whose directory gc removed (its buffer did not exist yet) is
+    # made again by the next record, so the exactly-once record is not lost.
+    kept = ledger.Ledger("never-was", directory=str(shm))
+    kept.remove_all()
+    kept.record("cd34", 1, "applied")
+    assert ledger.Ledger("never-was", directory=str(shm)).last("cd34") == (1, "applied")

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 def test_random_stops_and_kills_lose_nothing_and_hang_nothing(buffer_name):
     figures = fault_injection.run(seconds=8.0, actors=2, learners=1, seed=7,
-                                  name=buffer_name, allowance=2.0)
+                                  name=buffer_name, allowance=2.0, at_least=(21, 101),
+                                  longest=60.0)
     assert figures["stops"] > 20 and figures["calls_with_timeout"] > 100, figures
     assert figures["acknowledged"] > 0, figures
     assert figures["missing"] == 0 and figures["torn"] == 0, figures

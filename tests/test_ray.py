@@ -86,6 +86,12 @@ class Sender:
                     writer.create_item(table, 2, 1.0)
         return steps - 1
 
+    def partial(self, table, steps):
+        with self.remote.trajectory_writer(3, chunk_items=2) as writer:
+            made = _acme_steps(writer, table, 0, steps)
+            writer.end_episode()
+        return made
+
     def sample(self, table, batch_size):
         return self.remote.sample_batch(table, batch_size, timeout=10)
 
@@ -299,6 +305,55 @@ def test_buffer_side_actor_restarts_and_reattaches(cluster, setup):
     assert q.data["x"].tolist() == [0, 1, 2, 3]                    # buffer unaffected
     traj = s.client.sample_batch("traj", 2, timeout=5)
     assert traj.data["i"].tolist() == [[1, 2, 3], [2, 3, 4]]
+
+
+def _acme_steps(writer, table, first, steps, between=None):
+    """Acme's adders' pattern: each step opens with its observation (``partial_step``)
+    and is completed by its action and reward; a transition item is cut while the next
+    step is open, over the open step's observation. ``between(t)`` runs after step t
+    opened. Returns the items made."""
+    for t in range(first, first + steps):
+        writer.append({"obs": np.full(2, t, np.float32)}, partial_step=True)
+        if t > first:
+            history = writer.history
+            writer.create_item(table, 1.0, {
+                "obs": history["obs"][-2], "action": history["action"][-2],
+                "reward": history["reward"][-2], "next_obs": history["obs"][-1]})
+        if between is not None:
+            between(t)
+        writer.append({"action": np.int64(t), "reward": np.float32(t / 2)})
+    return steps - 1
+
+
+def test_partial_steps_work_remotely_as_locally(cluster, setup):
+    s = setup([shmreplay.Table.queue("local", 1000), shmreplay.Table.queue("remote", 1000)])
+    with s.client.trajectory_writer(3) as writer:
+        made = _acme_steps(writer, "local", 0, 9)
+        writer.end_episode()
+    local = _drain(s.client, "local")
+    assert made == 8 and local.data["next_obs"][:, 0].tolist() == list(range(1, 9))
+
+    def restart(t):   # the buffer-side actor dies while a step is open
+        if t == 4:
+            ray.kill(s.service.actors[0], no_restart=False)
+
+    writer = s.remote.trajectory_writer(3, chunk_items=1)   # chunks cut in open steps
+    assert _acme_steps(writer, "remote", 0, 9, between=restart) == made
+    assert sorted(writer.history) == ["action", "obs", "reward"]   # every field seen
+    writer.append({"obs": np.zeros(2, np.float32)}, partial_step=True)
+    with pytest.raises(ValueError, match="already been set"):
+        writer.append({"obs": np.zeros(2, np.float32), "action": np.int64(0)})
+    writer.end_episode()
+    writer.close()
+    remote = _drain(s.client, "remote")
+    assert remote.data.keys() == local.data.keys()
+    for key in local.data:
+        np.testing.assert_array_equal(remote.data[key], local.data[key], err_msg=key)
+    # The same through the remote node's Sender (a plain remote process).
+    assert ray.get(_sender(cluster, s.remote).partial.remote("remote", 9), timeout=60) == 8
+    again = _drain(s.client, "remote")
+    for key in local.data:
+        np.testing.assert_array_equal(again.data[key], local.data[key], err_msg=key)
 
 
 def test_a_clear_error_while_the_buffer_is_gone(cluster, setup, buffer_name):

@@ -181,8 +181,8 @@ def test_a_killed_creator_is_taken_over_and_its_file_removed(buffer_name):
             data_name = _stopped(creator, server.name)
             W.kill_and_reap(creator)
         start = time.monotonic()
-        key = client.insert(np.full(16, 3.0), {"q": 1.0}, timeout=2)["q"]
-        assert time.monotonic() - start < 1.0
+        key = client.insert(np.full(16, 3.0), {"q": 1.0}, timeout=30)["q"]
+        assert time.monotonic() - start < 10  # took over at once, not at its timeout
         assert not os.path.exists("/dev/shm" + data_name)
         sample = client.sample_batch("q", 1, timeout=5)
         assert int(sample.info.key[0]) == key
@@ -208,8 +208,8 @@ def test_a_squatted_predictable_name_does_not_matter(buffer_name):
         try:
             client = shmreplay.Client(server.name)
             start = time.monotonic()
-            client.insert(np.full(4, 1.0), {"q": 1.0}, timeout=1)
-            assert time.monotonic() - start < 0.5
+            client.insert(np.full(4, 1.0), {"q": 1.0}, timeout=30)
+            assert time.monotonic() - start < 10  # at once, not at its timeout
             assert all(os.stat(path).st_uid == NOBODY for path in squats)  # untouched
             client.close()
         finally:
@@ -229,7 +229,7 @@ def test_a_squatted_segment_name_is_a_typed_error_at_once(buffer_name, monkeypat
             with pytest.raises(errors.SegmentSquattedError,
                                match=rf"{path} already exists and belongs to uid {NOBODY}"):
                 client.insert(np.full(4, 1.0), {"q": 1.0}, timeout=30)
-            assert time.monotonic() - start < 2  # (its timeout: 30 s)
+            assert time.monotonic() - start < 10  # at once, not at its timeout (30 s)
             monkeypatch.undo()
             client.insert(np.full(4, 1.0), {"q": 1.0}, timeout=1)  # the claim was released
             assert os.stat(path).st_uid == NOBODY
@@ -251,7 +251,7 @@ def test_a_table_larger_than_dev_shm_is_refused_at_creation(buffer_name):
     start = time.monotonic()
     with pytest.raises(errors.SharedMemoryFullError, match=r"(?s)needs .* GiB.* free.*max_size"):
         shmreplay.Server([shmreplay.Table.queue("huge", 10**11)], name=buffer_name)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 10  # refused before reserving anything
     assert _peek.segments_of(buffer_name) == []
     # (A data segment's stores are reserved as the table fills: a table of 10^6 items of
     # 1 MiB takes its first items; tests/test_growing_segments.py.)

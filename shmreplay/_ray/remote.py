@@ -9,6 +9,7 @@ from typing import Optional
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from shmreplay._client import address as _address
 from shmreplay._ray.errors import BufferServiceUnavailableError
 from shmreplay._ray.service import BufferActor
 from shmreplay._ray.writers import RemoteTrajectoryWriter, RemoteWriter
@@ -45,6 +46,7 @@ class BufferService:
         self.buffer_name = getattr(buffer, "name", buffer)
         if not isinstance(self.buffer_name, str):
             raise TypeError(f"buffer must be a name or a Server, got {buffer!r}.")
+        _address.buffer_name(self.buffer_name)     # InvalidNameError here, not in an actor
         if num_actors < 1:
             raise ValueError(f"num_actors must be >= 1, got {num_actors}.")
         self.node_id = node_id or ray.get_runtime_context().get_node_id()

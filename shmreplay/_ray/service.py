@@ -7,12 +7,16 @@ answered from the ledger without being applied again. Writers' steps arrive in c
 of operations (appends, item creations) that the actor replays on a local writer kept
 per writer id; a chunk that starts where the local writer is not (a new or restarted
 actor) is answered ``NEED_CONTEXT`` and resent with the writer's kept recent steps.
+A chunk starts at ``(step, part)``: the episode's complete steps before it and the
+parts (``partial_step=True`` appends) of the open step already appended.
 """
 
+import pickle
 import threading
 from typing import Optional
 
 from shmreplay import client as _client, specs
+from shmreplay._client import address as _address
 from shmreplay._ray.column import RemoteColumn
 from shmreplay._ray.ledger import Ledger
 
@@ -21,18 +25,19 @@ APPLIED = "applied"
 
 
 class _WriterState:
-    __slots__ = ("writer", "next_step", "pending_seq", "lock")
+    __slots__ = ("writer", "next_step", "parts", "pending_seq", "lock")
 
     def __init__(self, writer):
         self.writer = writer
         self.next_step = 0          # the episode's step index the next append gets
+        self.parts = 0              # parts of that step appended (partial_step=True)
         self.pending_seq = None     # a chunk whose ops are applied but not yet flushed
         self.lock = threading.Lock()
 
 
 def _resolve(history, column, end):
-    """The local ``TrajectoryColumn`` for a ``RemoteColumn``; ``end`` is the episode's
-    step index that the next append gets (the column's steps are made relative to it)."""
+    """The local ``TrajectoryColumn`` for a ``RemoteColumn``; ``end`` is the history's
+    length, the open step included (the column's steps are made relative to it)."""
     keys, squeeze = column.keys, column.squeeze
     steps = [step - end for step in column.steps]
     node = history
@@ -52,7 +57,9 @@ class BufferActor:
     def __init__(self, buffer_name: str, ledger_directory: Optional[str] = None):
         self._name = buffer_name
         self._client = _client.Client(buffer_name)        # lazy: waits for the buffer
-        self._ledger = Ledger(buffer_name, ledger_directory)
+        # Named by the buffer's own name ("localhost:P" is "port-P"), as `shmreplay gc`
+        # finds the buffer of a ledger.
+        self._ledger = Ledger(_address.buffer_name(buffer_name), ledger_directory)
         self._writers = {}
         self._writers_lock = threading.Lock()
         self._die_after_apply = False
@@ -112,9 +119,15 @@ class BufferActor:
                     end_episode, timeout):
         """Applies a writer's chunk: ``ops`` from step ``first_step`` of its episode.
 
-        Returns ``APPLIED``, or ``NEED_CONTEXT`` when this actor's writer is not at
-        ``first_step`` and no ``context`` (the steps before it) came along.
+        ``first_step`` is ``(step, part)`` (an int: part 0); ``context`` the parts
+        ``(data, partial)`` of the kept steps before it. Returns ``APPLIED``, or
+        ``NEED_CONTEXT`` when this actor's writer is not at ``first_step`` and no
+        ``context`` came along.
         """
+        first = tuple(first_step) if isinstance(first_step, (tuple, list)) \
+            else (first_step, 0)
+        if type(ops) is bytes:   # the remote writers send their ops pickled, in one piece
+            ops = pickle.loads(ops)
         done, result = self._done(writer_id, seq)
         if done:
             return result
@@ -123,28 +136,33 @@ class BufferActor:
         if state is not None and state.pending_seq == seq:
             with state.lock:   # a retry of a chunk that waited for the rate limiter
                 return self._finish(writer_id, seq, state, end_episode, timeout)
-        if state is None or state.next_step != first_step or state.pending_seq is not None:
-            if first_step > 0 and context is None:
+        if state is None or (state.next_step, state.parts) != first \
+                or state.pending_seq is not None:
+            if first != (0, 0) and context is None:
                 return NEED_CONTEXT
             if state is not None:
                 state.writer.close()     # items it still held were never acknowledged
             state = _WriterState(self._new_writer(kind, config))
             with self._writers_lock:
                 self._writers[writer_id] = state
-            if first_step > 0:
-                for step in context:
-                    state.writer.append(step)
-            state.next_step = first_step
+            if first != (0, 0):
+                for data, partial in context:
+                    state.writer.append(data, **({"partial_step": True} if partial else {}))
+            state.next_step, state.parts = first
         with state.lock:
             writer = state.writer
             for op in ops:
                 if op[0] == "a":
                     writer.append(op[1])
                     state.next_step += 1
+                    state.parts = 0
+                elif op[0] == "p":
+                    writer.append(op[1], partial_step=True)
+                    state.parts += 1
                 elif kind == "trajectory":
                     _, table, priority, trajectory = op
                     history = writer.history
-                    end = state.next_step
+                    end = state.next_step + (1 if state.parts else 0)  # the history's length
                     if type(trajectory) is dict and all(
                             type(column) is RemoteColumn for column in trajectory.values()):
                         local = {key: _resolve(history, column, end)
@@ -177,7 +195,7 @@ class BufferActor:
                 with self._writers_lock:
                     self._writers.pop(writer_id, None)
         if end_episode:
-            state.next_step = 0
+            state.next_step = state.parts = 0
         state.pending_seq = None
         return self._applied(writer_id, seq, APPLIED)
 

@@ -12,56 +12,19 @@ resends it (same sequence number), so it is inserted once.
 
 import collections
 import math
+import pickle
 import uuid
 from typing import Optional
 
 import numpy as np
 
 from shmreplay import errors, specs
-from shmreplay._ray.column import RemoteColumn
+from shmreplay._ray.column import RemoteColumn, history_of
 from shmreplay._ray.errors import BufferServiceUnavailableError
 from shmreplay._ray.service import NEED_CONTEXT
 
 
 _NESTS = (dict, list, tuple, collections.OrderedDict, collections.defaultdict)
-
-
-class _ColumnHistory:
-    """``writer.history[...]`` for one field: indexing gives a ``RemoteColumn``."""
-
-    def __init__(self, writer, keys):
-        self._writer = writer
-        self._keys = keys
-
-    def _step(self, index, length, oldest):
-        step = int(index) + length if index < 0 else int(index)
-        if step >= length or step < 0:
-            raise IndexError(f"history {self._keys}: index {index} out of range for "
-                             f"{length} steps.")
-        if step < oldest:
-            raise ValueError(f"history {self._keys}: step {step} is older than "
-                             f"num_keep_alive_refs ({self._writer._keep}).")
-        return step
-
-    def __len__(self):
-        return self._writer._steps
-
-    def __getitem__(self, index):
-        length = self._writer._steps
-        oldest = max(0, length - self._writer._keep)
-        if isinstance(index, (int, np.integer)):
-            return RemoteColumn(self._keys, [self._step(index, length, oldest)], True)
-        if isinstance(index, slice):
-            steps = list(range(*index.indices(length)))
-            if index.start is not None and index.start < -length:
-                raise ValueError(f"history {self._keys}: {index} reaches before the "
-                                 "episode's first step.")
-            return RemoteColumn(self._keys, [self._step(s, length, oldest) for s in steps],
-                                False)
-        if isinstance(index, (list, tuple, np.ndarray)):
-            return RemoteColumn(self._keys, [self._step(i, length, oldest) for i in index],
-                                False)
-        raise TypeError(f"history indices must be int, slice or list, not {index!r}.")
 
 
 def _copied(data):
@@ -108,11 +71,12 @@ class _ChunkedWriter:
         self._max_chunk_steps = max_chunk_steps
         self._seq = 0
         self._steps = 0                 # complete steps appended in this episode
-        self._kept = collections.deque(maxlen=keep)   # (step, data) of recent steps
+        self._kept = collections.deque(maxlen=keep)   # recent steps: [(data, partial)]
+        self._open = []                 # the open step's parts: [(data, True)]
         self._ops = []
         self._items = 0
-        self._chunk_first_step = 0
-        self._chunk_context = None      # the kept steps before the chunk's first step
+        self._chunk_first_step = (0, 0)  # (complete steps, parts of the open step) before
+        self._chunk_context = None      # the kept steps' parts before the chunk's first op
         self._unacked = None            # a chunk the rate limiter held up: resent first
         self._in_flight = None          # (chunk, Ray reference) of a chunk not waited for
         self._closed = False
@@ -121,21 +85,33 @@ class _ChunkedWriter:
         if self._closed:
             raise errors.ClosedError(f"{type(self).__name__} was closed.")
 
-    def _append(self, data):
+    def _positions(self) -> int:
+        """The history's length: complete steps, and the open step (if any)."""
+        return self._steps + (1 if self._open else 0)
+
+    def _start_chunk(self):
+        self._chunk_first_step = (self._steps, len(self._open))
+        self._chunk_context = [part for step in self._kept for part in step] + self._open
+
+    def _append(self, data, partial: bool = False):
         if not self._ops:
-            self._chunk_first_step = self._steps
-            self._chunk_context = [value for _, value in self._kept]
+            self._start_chunk()
         data = _copied(data)
+        if partial:
+            self._ops.append(("p", data))
+            self._open.append((data, True))
+            return
         self._ops.append(("a", data))
-        self._kept.append((self._steps, data))
+        self._open.append((data, False))
+        self._kept.append(self._open)
+        self._open = []
         self._steps += 1
-        if self._steps - self._chunk_first_step >= self._max_chunk_steps:
+        if self._steps - self._chunk_first_step[0] >= self._max_chunk_steps:
             self._send(False, None, wait=False)
 
     def _add_item(self, op):
         if not self._ops:
-            self._chunk_first_step = self._steps
-            self._chunk_context = [value for _, value in self._kept]
+            self._start_chunk()
         self._ops.append(op)
         self._items += 1
         if self._items >= self._chunk_items:
@@ -152,12 +128,15 @@ class _ChunkedWriter:
         if not self._ops and not end_episode:
             return
         self._seq += 1
-        chunk = (self._seq, self._chunk_first_step, self._chunk_context, self._ops,
-                 end_episode)
+        # One bytes object: Ray would carry each of the steps' small arrays as a buffer
+        # of its own, at a cost per buffer.
+        ops = pickle.dumps(self._ops, protocol=pickle.HIGHEST_PROTOCOL)
+        chunk = (self._seq, self._chunk_first_step, self._chunk_context, ops, end_episode)
         self._ops, self._items, self._chunk_context = [], 0, None
         if end_episode:
             self._steps = 0
             self._kept.clear()
+            self._open = []
         if not wait:
             self._in_flight = (chunk, self._remote._submit(
                 self._actor, "apply_chunk", *self._arguments(chunk, None, None)))
@@ -213,6 +192,7 @@ class _ChunkedWriter:
             self._closed = True
             self._ops = []
             self._kept.clear()
+            self._open = []
             try:
                 self._remote._call(self._actor, "close_writer", self._id)
             except Exception:  # the buffer side is gone: nothing to release there
@@ -227,7 +207,7 @@ class _ChunkedWriter:
 class RemoteTrajectoryWriter(_ChunkedWriter):
     """``TrajectoryWriter``'s calls, from any Ray task or actor (``RemoteClient``).
 
-    ``append`` takes whole steps (``partial_step`` is not supported remotely);
+    ``append`` takes whole steps, or parts of one (``partial_step=True``) as locally;
     ``history[field][...]`` and ``create_item`` work as locally, within the last
     ``num_keep_alive_refs`` steps. ``end_episode`` always clears the history.
     """
@@ -242,35 +222,48 @@ class RemoteTrajectoryWriter(_ChunkedWriter):
                          {"num_keep_alive_refs": int(num_keep_alive_refs)},
                          chunk_items, max_chunk_steps)
         self._history = None
-        self._treedef = None
+        self._root = None           # the skeleton of every field seen (``history_of``)
+        self._treedefs = set()      # the structures appended so far
         self._flat_keys = None      # the keys of a flat dict step, the usual case
+        self._given = set()         # the fields the open step has
 
     def append(self, data, *, partial_step: bool = False):
-        """Appends one whole step (a nest of arrays or scalars, copied here).
+        """Appends one step (a nest of arrays or scalars, copied here), or part of it.
+
+        Args:
+          data: The step's fields; new fields may appear in later steps.
+          partial_step: Keep the step open: the next ``append`` adds fields to it. The
+            open step takes a position in the history at once, as locally (its fields
+            not given yet read as None there).
 
         Raises:
-          NotImplementedError: ``partial_step=True``.
+          ValueError: a field is set twice in the same (open) step.
           ClosedError: the writer was closed.
         """
         self._check_open()
-        if partial_step:
-            raise NotImplementedError("shmreplay.ray: partial_step is not supported by the "
-                                      "remote writer; append whole steps.")
-        if type(data) is dict and self._flat_keys is not None \
-                and len(data) == len(self._flat_keys) and all(
-                    key in data and type(data[key]) not in _NESTS for key in self._flat_keys):
+        if not partial_step and not self._open and type(data) is dict \
+                and self._flat_keys is not None and len(data) == len(self._flat_keys) \
+                and all(key in data and type(data[key]) not in _NESTS
+                        for key in self._flat_keys):
             self._append(data)      # the usual step: the same flat dict as before
             return
         treedef = specs.optree.tree_structure(data, none_is_leaf=True)
         self._flat_keys = None
-        if type(data) is dict and all(type(leaf) not in _NESTS for leaf in data.values()):
+        if not partial_step and not self._open and type(data) is dict \
+                and all(type(leaf) not in _NESTS for leaf in data.values()):
             self._flat_keys = frozenset(data)
-        if treedef != self._treedef:
-            self._treedef = treedef
-            paths = specs.optree.tree_paths(data, none_is_leaf=True)
-            self._history = specs.optree.tree_unflatten(
-                treedef, [_ColumnHistory(self, tuple(path)) for path in paths])
-        self._append(data)
+        if partial_step or self._open:
+            fields = {tuple(path) for path in specs.optree.tree_paths(data)}  # (no Nones)
+            twice = fields & self._given
+            if twice:
+                raise ValueError(
+                    f"Field {min(twice)} has already been set in the active step by "
+                    "previous (partial) append call and thus must be omitted or set to None.")
+            self._given = self._given | fields if partial_step else set()
+        if treedef not in self._treedefs:
+            self._treedefs.add(treedef)
+            self._root, self._history = history_of(self, self._root, data)
+        self._append(data, partial_step)
 
     @property
     def history(self):
@@ -330,6 +323,7 @@ class RemoteTrajectoryWriter(_ChunkedWriter):
             resent by the next call, is through.
         """
         self._check_open()
+        self._given = set()
         self._send(True, None if timeout_ms is None else timeout_ms / 1000.0)
 
     def close(self):

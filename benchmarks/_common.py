@@ -309,8 +309,9 @@ def leftover_segments(marker="shmreplay.bench-"):
         return []
 
 
-def check_clean():
-    left = leftover_segments()
+def check_clean(marker="shmreplay.bench-"):
+    """Warns about (and returns) the segments named ``marker*`` left in /dev/shm."""
+    left = leftover_segments(marker)
     if left:
         print(f"WARNING: left in /dev/shm: {left}", file=sys.stderr)
     return left

@@ -18,9 +18,9 @@ IMG_DIR = os.path.join(REPO_ROOT, "docs", "img", "perf")
 
 # Figure name (the SVG's file name) -> the results file it draws.
 FIGURES = {
-    "per-call": "vs_cpprb.json",
+    "per-call": "vs_cpprb-reverb-r3.json",
     "multiprocess": "multiprocess.json",
-    "capacity": "large.json",
+    "capacity": "large-r3.json",
     "writers": "writers-2026-11-27.json",
 }
 

@@ -30,15 +30,26 @@ class TableError(Exception):
 
 
 def vs_cpprb(files):
+    """cpprb and shmreplay per case; Reverb's columns too when the run measured it."""
     (name, data), = files
+    with_reverb = bool((data.get("reverb") or {}).get("measured"))
     rows = []
     for r in data["results"]:
         ours, theirs = r.get("shmreplay") or {}, r.get("cpprb") or {}
-        rows.append([r["op"], r["sampler"], r["n"], _num(theirs.get("median_us")),
-                     _num(ours.get("median_us")),
-                     "-" if r.get("ratio") is None else f"**{r['ratio']:.2f}x**"])
-    return _md(["case", "sampler", "n", "cpprb µs", "shmreplay µs", "ratio"], rows,
-               ["---", "---", "---:", "---:", "---:", "---:"])
+        line = [r["op"], r["sampler"], r["n"], _num(theirs.get("median_us")),
+                _num(ours.get("median_us")),
+                "-" if r.get("ratio") is None else f"**{r['ratio']:.2f}x**"]
+        if with_reverb:
+            reverb = r.get("reverb") or {}
+            line += [_num(reverb.get("median_us"), 0),
+                     "-" if r.get("ratio_reverb") is None else f"{r['ratio_reverb']:,.0f}x"]
+        rows.append(line)
+    headers = ["case", "sampler", "n", "cpprb µs", "shmreplay µs", "ratio"]
+    aligns = ["---", "---", "---:", "---:", "---:", "---:"]
+    if with_reverb:
+        headers += ["Reverb µs", "Reverb / shmreplay"]
+        aligns += ["---:", "---:"]
+    return _md(headers, rows, aligns)
 
 
 def multiprocess(files):
@@ -121,6 +132,21 @@ def large(files):
                      f"**{s['slowdown']:.2f}x**"])
     return _md(["", f"µs @ 2^{lo.bit_length() - 1}", f"µs @ 2^{hi.bit_length() - 1}",
                 "slowdown"], rows)
+
+
+def large_curve(files):
+    """The learner call's µs at every capacity the run measured (the capacity plot's
+    points), one row per library and variant."""
+    (name, data), = files
+    caps = sorted({r["capacity"] for r in data["capacity"]})
+    rows = []
+    for s in data["capacity_summary"]:
+        line = [f"{s['lib']} `{s['variant']}`"]
+        for cap in caps:
+            r = _pick(data["capacity"], variant=s["variant"], capacity=cap)
+            line.append("-" if r is None else f"{r['us']:,.1f}")
+        rows.append(line)
+    return _md(["µs per learner call"] + [f"2^{c.bit_length() - 1}" for c in caps], rows)
 
 
 def copy_floor(files):
@@ -329,6 +355,7 @@ def any_length(files):
 TABLES = {
 
     "vs_cpprb": vs_cpprb, "multiprocess": multiprocess, "startup": startup, "large": large,
+    "large_curve": large_curve,
     "copy_floor": copy_floor, "writers": writers, "learner_feed": learner_feed,
     "datasets": datasets, "soak_windows": soak_windows, "soak_memory": soak_memory, "soak_latency": soak_latency,
     "checkpoint": checkpoint, "checkpoint_ab": checkpoint_ab, "tf_client": tf_client,

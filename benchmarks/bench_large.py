@@ -5,10 +5,11 @@ Part 1, learner rate vs capacity: a prioritized table (alpha 0.4) of small trans
 (obs/next_obs float32[15], act float32[3], rew, done float32) filled to capacity with
 ``insert_batch``; one learner call = ``client.sample_batch(table, 256)`` +
 ``info.importance_weights(0.4)`` + ``client.update_priorities(table, keys, prios)``.
-Measured at 2**14 and 2**20 items; the ratio rate(2**14) / rate(2**20) should stay within
-2x. For contrast, cpprb's single-process ``PrioritizedReplayBuffer`` and its shared-memory
+Measured at every power of two from 2**14 to 2**20 items (the capacity plot's curve); the
+ratio rate(2**14) / rate(2**20) should stay within 2x. For contrast, cpprb's single-process ``PrioritizedReplayBuffer`` and its shared-memory
 ``MPPrioritizedReplayBuffer`` (no explorers) do ``sample(256, beta=0.4)`` +
-``update_priorities`` at the same capacities.
+``update_priorities`` at the same capacities. All of them (21 buffers, about 1 GB) are
+filled first and then timed interleaved, so a change of load hits the whole curve alike.
 
 Part 2, the floor: a uniform table of Atari-like frames, filled; ``sample_batch(256)``
 versus numpy gathering 256 random rows of local arrays of the same shapes with
@@ -19,8 +20,9 @@ against the fastest of the three). Two items: ``{obs: uint8[84,84,4]}`` alone, a
 (obs, next_obs uint8[84,84,4], act int32, rew, done float32: numpy takes every column).
 Target: shmreplay within 1.5x of numpy.
 
-Usage:  python benchmarks/bench_large.py [--quick] [--libs cpprb,shmreplay]
-Writes: benchmarks/results/large[-quick].{json,md}
+Usage:  python benchmarks/bench_large.py [--quick] [--libs cpprb,shmreplay] [--prefix P]
+                                          [--tag TAG]
+Writes: benchmarks/results/large[-TAG][-quick].{json,md}
 """
 
 import argparse
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 ALPHA = 0.4
 BETA = 0.4
 BATCH = 256
-CAPACITIES = (2**14, 2**20)
+CAPACITIES = tuple(2**k for k in range(14, 21))  # 2^14 .. 2^20, every power of two
 FLOOR_CAPACITY = 2**14
 FRAME = (84, 84, 4)
 TARGET_CAPACITY_RATIO = 2.0
@@ -107,70 +109,86 @@ def cpprb_learner_fn(rb, rng):
     return op
 
 
-def part_capacity(libs, shm, cpprb, timing, rng, errors):
-    rows = []
+def _shm_side(shm, cap, rng, prefix, keep):
+    """A filled prioritized table of ``cap`` items; its learner call."""
+    from shmreplay import rate_limiters, selectors
+    table = shm.Table("per", sampler=selectors.Prioritized(ALPHA), remover=selectors.Fifo(),
+                      max_size=cap, rate_limiter=rate_limiters.MinSize(1))
+    server = shm.Server(tables=[table], name=f"{prefix}-large-{cap}-{os.getpid()}")
+    keep.append(server.stop)
+    client = shm.Client(server.name)
+    keep.append(client.close)
+    fill(cap, min(cap, 65536), lambda n: small_batch(rng, n),
+         lambda b: client.insert_batch(b, {"per": rng.random(len(b["rew"])) + .05}))
+    size = client.server_info()["per"].current_size
+    if size != cap:
+        raise AssertionError(f"table holds {size} items after filling {cap}")
+    return shm_learner_fn(shm, client, "per", rng)
+
+
+def _cpprb_side(cpprb, variant, cap, rng, keep):
+    import multiprocessing as mp
+    if variant == "PrioritizedReplayBuffer":
+        rb = cpprb.PrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA)
+    else:
+        rb = cpprb.MPPrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA,
+                                             ctx=mp.get_context("fork"))
+    keep.append(rb)
+    fill(cap, min(cap, 65536), lambda n: small_batch(rng, n),
+         lambda b: rb.add(**b, priorities=rng.random(len(b["rew"])) + .05))
+    return cpprb_learner_fn(rb, rng)
+
+
+def part_capacity(libs, shm, cpprb, timing, rng, errors, prefix):
+    """Every (library, capacity) learner call, all held at once and timed interleaved,
+    so that a change of the machine's load hits every point of the curves alike."""
+    sides = []  # (lib, variant, cap, make)
     for cap in CAPACITIES:
-        chunk = min(cap, 65536)
         if shm is not None:
-            from shmreplay import rate_limiters, selectors
+            sides.append(("shmreplay", "Client.sample_batch+update", cap,
+                          lambda keep, cap=cap: _shm_side(shm, cap, rng, prefix, keep)))
+        if cpprb is not None:
+            for variant in ("PrioritizedReplayBuffer", "MPPrioritizedReplayBuffer"):
+                sides.append(("cpprb", variant + " sample+update", cap,
+                              lambda keep, v=variant, cap=cap: _cpprb_side(cpprb, v, cap,
+                                                                           rng, keep)))
+    keep, fns, labels = [], {}, {}
+    rows = []
+    try:
+        for lib, variant, cap, make in sides:
+            label = f"{lib} {variant} {cap}"
             try:
-                table = shm.Table("per", sampler=selectors.Prioritized(ALPHA),
-                                  remover=selectors.Fifo(), max_size=cap,
-                                  rate_limiter=rate_limiters.MinSize(1))
-                server = shm.Server(tables=[table], name=f"bench-large-{cap}-{os.getpid()}")
-                try:
-                    client = shm.Client(server.name)
-                    fill(cap, chunk, lambda n: small_batch(rng, n),
-                         lambda b: client.insert_batch(b, {"per": rng.random(len(b["rew"])) + .05}))
-                    size = client.server_info()["per"].current_size
-                    if size != cap:
-                        raise AssertionError(f"table holds {size} items after filling {cap}")
-                    t = C.time_per_call(shm_learner_fn(shm, client, "per", rng), **timing)
-                    rows.append({"lib": "shmreplay", "variant": "Client.sample_batch+update",
-                                 "capacity": cap, "us": t["median"] * 1e6,
-                                 "best_us": t["best"] * 1e6,
-                                 "items_s": BATCH / t["median"]})
-                    client.close()
-                finally:
-                    server.stop()
+                fns[label] = make(keep)
+                labels[label] = (lib, variant, cap)
             except Exception as exc:  # noqa: BLE001 - report, never work around
                 tb = traceback.format_exc()
-                print(f"shmreplay capacity {cap} failed:\n{tb}")
-                errors.append({"lib": "shmreplay", "where": f"capacity {cap}",
+                print(f"{lib} {variant} capacity {cap} failed:\n{tb}")
+                errors.append({"lib": lib, "where": f"{variant} capacity {cap}",
                                "error": repr(exc), "traceback": tb})
-        if cpprb is not None:
-            import multiprocessing as mp
-            for variant in ("PrioritizedReplayBuffer", "MPPrioritizedReplayBuffer"):
-                try:
-                    if variant == "PrioritizedReplayBuffer":
-                        rb = cpprb.PrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA)
-                    else:
-                        rb = cpprb.MPPrioritizedReplayBuffer(cap, SMALL_ENV, alpha=ALPHA,
-                                                             ctx=mp.get_context("fork"))
-                    fill(cap, chunk, lambda n: small_batch(rng, n),
-                         lambda b: rb.add(**b, priorities=rng.random(len(b["rew"])) + .05))
-                    t = C.time_per_call(cpprb_learner_fn(rb, rng), **timing)
-                    rows.append({"lib": "cpprb", "variant": variant + " sample+update",
-                                 "capacity": cap, "us": t["median"] * 1e6,
-                                 "best_us": t["best"] * 1e6,
-                                 "items_s": BATCH / t["median"]})
-                    del rb
-                    gc.collect()
-                except Exception as exc:  # noqa: BLE001
-                    tb = traceback.format_exc()
-                    print(f"cpprb {variant} capacity {cap} failed:\n{tb}")
-                    errors.append({"lib": "cpprb", "where": f"{variant} capacity {cap}",
-                                   "error": repr(exc), "traceback": tb})
-        for r in rows:
-            if r["capacity"] == cap:
-                print(f"  {r['lib']:9s} {r['variant']:42s} cap 2^{cap.bit_length() - 1}: "
-                      f"{r['us']:9.1f} us/call  {C.fmt_num(r['items_s'])} items/s", flush=True)
+        print(f"  {len(fns)} learner calls filled; timing them interleaved", flush=True)
+        timed = C.time_interleaved(fns, **timing) if fns else {}
+    finally:
+        for item in reversed(keep):
+            try:
+                if callable(item):
+                    item()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        keep.clear()
+        gc.collect()
+    for label, t in timed.items():
+        lib, variant, cap = labels[label]
+        rows.append({"lib": lib, "variant": variant, "capacity": cap, "us": t["median"] * 1e6,
+                     "best_us": t["best"] * 1e6, "items_s": BATCH / t["median"]})
+        print(f"  {lib:9s} {variant:42s} cap 2^{cap.bit_length() - 1}: "
+              f"{t['median'] * 1e6:9.1f} us/call  {C.fmt_num(BATCH / t['median'])} items/s",
+              flush=True)
     return rows
 
 
 # --------------------------------------------------------------------------- part 2
 
-def part_floor(shm, timing, rng, errors):
+def part_floor(shm, timing, rng, errors, prefix):
     rows = []
     idx_pool = [rng.integers(0, FLOOR_CAPACITY, BATCH) for _ in range(16)]
     for full in (False, True):
@@ -216,7 +234,7 @@ def part_floor(shm, timing, rng, errors):
                                   remover=selectors.Fifo(), max_size=FLOOR_CAPACITY,
                                   rate_limiter=rate_limiters.MinSize(1))
                 server = shm.Server(tables=[table],
-                                    name=f"bench-floor-{int(full)}-{os.getpid()}")
+                                    name=f"{prefix}-floor-{int(full)}-{os.getpid()}")
                 try:
                     client = shm.Client(server.name)
                     for start in range(0, FLOOR_CAPACITY, 1024):
@@ -275,11 +293,11 @@ def run(args):
     print(f"mode: {'quick' if args.quick else 'full'}; timing {timing}\n")
     rng = np.random.default_rng(args.seed)
 
-    cap_rows = part_capacity(libs, shm, cpprb, timing, rng, errors)
-    floor_rows = part_floor(shm, timing, rng, errors)
+    cap_rows = part_capacity(libs, shm, cpprb, timing, rng, errors, args.prefix)
+    floor_rows = part_floor(shm, timing, rng, errors, args.prefix)
 
     # capacity table: one row per (lib, variant), columns per capacity, ratio small/large
-    lo, hi = CAPACITIES
+    lo, hi = CAPACITIES[0], CAPACITIES[-1]
     headers1 = ["lib", "learner call", f"µs @2^{lo.bit_length() - 1}",
                 f"items/s @2^{lo.bit_length() - 1}", f"µs @2^{hi.bit_length() - 1}",
                 f"items/s @2^{hi.bit_length() - 1}", "slowdown", f"<= {TARGET_CAPACITY_RATIO:g}x"]
@@ -300,6 +318,11 @@ def run(args):
                       C.fmt_num(b and b["us"]), C.fmt_num(b and b["items_s"]),
                       C.fmt_ratio(slow), met if lib == "shmreplay" else "-"])
         summary1.append({"lib": lib, "variant": variant, "slowdown": slow})
+    headers_curve = ["lib", "learner call"] + [f"µs @2^{c.bit_length() - 1}" for c in CAPACITIES]
+    rows_curve = [[lib, variant] + [C.fmt_num(next((r["us"] for r in cap_rows if
+                                                     (r["lib"], r["variant"], r["capacity"])
+                                                     == (lib, variant, c)), None))
+                                    for c in CAPACITIES] for lib, variant in seen]
     headers2 = ["frames item (256 rows)", "MB/batch", "np.take(out=, mode=clip) µs",
                 "np.take(out=) µs", "a[idx] µs", "shmreplay sample_batch µs",
                 "shmreplay / fastest numpy", f"<= {TARGET_FLOOR_RATIO:g}x"]
@@ -312,6 +335,8 @@ def run(args):
     print()
     print(C.render_table(headers1, rows1))
     print()
+    print(C.render_table(headers_curve, rows_curve))
+    print()
     print(C.render_table(headers2, rows2))
 
     notes = [f"mode: {'quick' if args.quick else 'full'}; median of {timing['repeat']} repeats",
@@ -323,6 +348,7 @@ def run(args):
              "mode='clip' is the real floor)"]
     md = C.markdown_header("Large buffers and the copy floor", info, notes)
     md += "\n" + C.render_table(headers1, rows1, markdown=True) + "\n\n"
+    md += C.render_table(headers_curve, rows_curve, markdown=True) + "\n\n"
     md += C.render_table(headers2, rows2, markdown=True) + "\n"
     if errors:
         md += "\nErrors:\n\n" + "\n".join(f"- {e['lib']} {e['where']}: `{e['error']}`"
@@ -333,9 +359,10 @@ def run(args):
                           "seed": args.seed},
                "capacity": cap_rows, "capacity_summary": summary1, "floor": floor_rows,
                "errors": errors}
-    paths = C.write_results("large" + ("-quick" if args.quick else ""), payload, md)
+    stem = "large" + (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "")
+    paths = C.write_results(stem, payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
-    left = C.check_clean()
+    left = C.check_clean(f"shmreplay.{args.prefix}-")
     return 1 if (errors or left) else 0
 
 
@@ -344,6 +371,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="few short repeats (a smoke run)")
     p.add_argument("--libs", default="cpprb,shmreplay", help="cpprb,shmreplay")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix", default="bench", help="shared-memory name prefix")
+    p.add_argument("--tag", default="", help="a name for this run's result files")
     return run(p.parse_args(argv))
 
 

@@ -23,13 +23,23 @@ inserts ``[obs, act, rew, next_obs, done]`` and ``namedtuple`` a
 into its own tables (which that form's first item defines), every case again; the forms'
 figures are interleaved with cpprb's in the same repeats.
 
+Reverb (``--reverb-python PATH``, default ``$REVERB_PYTHON``): the same cases through
+Reverb's Python ``Client`` in a subprocess of that virtualenv (Reverb needs TensorFlow and
+numpy < 2), after the cpprb and shmreplay cases of the same run; how it is driven is in
+``_vs_cpprb_reverb.py``. Its figures go to the JSON's ``reverb`` section (versions,
+timing, load, every API) and to each result row (``reverb``: a ``writer(1)`` for adds,
+``Client.sample`` for samples; ``reverb[insert]``: ``Client.insert`` per step), with
+``ratio_reverb`` = Reverb / shmreplay. Without a Reverb python the run says so and
+measures the other two.
+
 Each case is timed timeit-style (warm-up, calibrated loop, median of repeats, GC off; the
 repeats of the two libraries alternate so background load hits both alike) and
 reported in microseconds per call; ratio = cpprb / shmreplay (> 1: shmreplay is faster).
 Target: ratio >= 2 in every case.
 
-Usage:  python benchmarks/bench_vs_cpprb.py [--quick] [--libs cpprb,shmreplay]
+Usage:  python benchmarks/bench_vs_cpprb.py [--quick] [--libs cpprb,shmreplay,reverb]
                                             [--forms dict,list,namedtuple] [--tag TAG]
+                                            [--reverb-python PATH] [--prefix P]
 Writes: benchmarks/results/vs_cpprb[-TAG][-quick].{json,md}
 """
 
@@ -41,6 +51,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+import _vs_cpprb_reverb as RV  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -234,9 +245,44 @@ class ShmreplaySide:
 
 # --------------------------------------------------------------------------- main
 
+def _timing(quick):
+    return (dict(repeat=3, min_time=0.005, warmup=0.02) if quick
+            else dict(repeat=9, min_time=0.05, warmup=0.2))
+
+
+def run_reverb(args, libs, results, errors):
+    """Runs Reverb's cases in its virtualenv; merges them into ``results``; returns the
+    JSON's ``reverb`` section."""
+    python = args.reverb_python or os.environ.get("REVERB_PYTHON")
+    if "reverb" not in libs or not python:
+        why = ("not in --libs" if "reverb" not in libs
+               else "no --reverb-python given and $REVERB_PYTHON unset")
+        print(f"Reverb: not measured ({why})")
+        return {"measured": False, "note": f"Reverb not measured: {why}"}
+    out = RV.run_worker(python, os.path.abspath(__file__), args, errors)
+    if out is None:
+        return {"measured": False, "note": "the Reverb worker failed (see errors)"}
+    for row, rv in zip(results, out["results"]):
+        if (row["op"], row["sampler"], row["n"]) != (rv["op"], rv["sampler"], rv["n"]):
+            raise AssertionError(f"Reverb's case {rv} is not {row}")
+        row["reverb"] = rv.get("writer" if row["op"] == "add" else "client")
+        if row["op"] == "add":
+            row["reverb[insert]"] = rv.get("insert")
+        ours = row.get("shmreplay")
+        row["ratio_reverb"] = (row["reverb"]["median_us"] / ours["median_us"]
+                               if row["reverb"] and ours else None)
+        print(f"  {row['op']:13s} {row['sampler']:11s} {row['n']:4d}  Reverb "
+              f"{C.fmt_num(row['reverb'] and row['reverb']['median_us'], 1):>9s} us"
+              + (f"  (insert per step {C.fmt_num(row['reverb[insert]'] and row['reverb[insert]']['median_us'], 1)} us)"
+                 if row["op"] == "add" else "")
+              + f"  reverb/shmreplay {C.fmt_ratio(row['ratio_reverb'])}", flush=True)
+    return {"measured": True, "versions": out["versions"], "timing": out["timing"],
+            "loadavg_at_start": out["loadavg_at_start"], "results": out["results"],
+            "how": RV.__doc__.split("How Reverb is driven")[1].strip()}
+
+
 def run(args):
-    timing = (dict(repeat=3, min_time=0.005, warmup=0.02) if args.quick
-              else dict(repeat=9, min_time=0.05, warmup=0.2))
+    timing = _timing(args.quick)
     libs = [s.strip() for s in args.libs.split(",") if s.strip()]
     rng = np.random.default_rng(args.seed)
     errors = []
@@ -324,13 +370,16 @@ def run(args):
     finally:
         for side in sides:
             side.close()
+    reverb = run_reverb(args, libs, results, errors)
 
     others = [side for side in shm_sides if side.form != "dict"]
     headers = ["case", "sampler", "steps/batch", "cpprb µs", "shmreplay µs",
                "cpprb/shmreplay"]
     for side in others:
         headers += [f"{side.form} µs", f"cpprb/{side.form}"]
-    headers.append(f">= {TARGET:g}x")
+    if reverb["measured"]:
+        headers += ["Reverb µs", "Reverb/shmreplay"]
+    headers.append(f">= {TARGET:g}x (cpprb/shmreplay)")
     rows = []
     ratios = []
     for r in results:
@@ -343,6 +392,9 @@ def run(args):
             line += [C.fmt_num(got and got["median_us"], 2),
                      C.fmt_ratio(r[f"ratio[{side.form}]"])]
             row_ratios.append(r[f"ratio[{side.form}]"])
+        if reverb["measured"]:
+            got = r.get("reverb")
+            line += [C.fmt_num(got and got["median_us"], 1), C.fmt_ratio(r.get("ratio_reverb"))]
         known = [x for x in row_ratios if x is not None]
         ratios += known
         line.append("n/a" if not known else ("yes" if min(known) >= TARGET else "NO"))
@@ -365,6 +417,17 @@ def run(args):
              f"nest forms: {args.forms} (list: [obs, act, rew, next_obs, done]; namedtuple: "
              "Transition of those fields; each form in tables its first item defined)",
              summary]
+    if reverb["measured"]:
+        v = reverb["versions"]
+        notes.insert(3, f"Reverb: dm-reverb {v.get('dm-reverb')}, tensorflow "
+                        f"{v.get('tensorflow') or v.get('tensorflow-cpu')}, numpy {v.get('numpy')} "
+                        f"(its own virtualenv, a subprocess after the other two; load "
+                        f"{reverb['loadavg_at_start']} at its start); add = Client.writer(1), "
+                        "append + create_item per step, flush per call (Client.insert per step "
+                        "in the JSON as reverb[insert]); sample = Client.sample (+ weights, "
+                        "+ mutate_priorities); ratio Reverb/shmreplay (higher: shmreplay faster)")
+    else:
+        notes.insert(3, reverb["note"])
     md = C.markdown_report("shmreplay vs cpprb (cpprb's Reverb-comparison configuration)",
                            info, notes, headers, rows, errors)
     payload = {"benchmark": "vs_cpprb", "quick": args.quick, "machine": info,
@@ -372,26 +435,32 @@ def run(args):
                           "add_steps": ADD_STEPS, "batch_sizes": BATCH_SIZES,
                           "timing": timing, "target_ratio": TARGET, "seed": args.seed,
                           "forms": args.forms},
-               "results": results, "summary": summary, "errors": errors}
+               "results": results, "summary": summary, "reverb": reverb, "errors": errors}
     stem = "vs_cpprb" + (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "")
     paths = C.write_results(stem, payload, md)
     print("\nwrote", ", ".join(os.path.relpath(p, C.REPO_ROOT) for p in paths))
-    left = C.check_clean()
+    left = C.check_clean(f"shmreplay.{args.prefix}-")
     return 1 if (errors or left) else 0
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="few short repeats (a smoke run)")
-    p.add_argument("--libs", default="cpprb,shmreplay",
-                   help="comma-separated subset of cpprb,shmreplay")
+    p.add_argument("--libs", default="cpprb,shmreplay,reverb",
+                   help="comma-separated subset of cpprb,shmreplay,reverb")
+    p.add_argument("--reverb-python", default=None,
+                   help="python of a virtualenv with dm-reverb (default: $REVERB_PYTHON)")
+    p.add_argument("--reverb-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--forms", default="dict",
                    help="comma-separated nest forms of shmreplay's data: dict (published), "
                         "list, namedtuple")
     p.add_argument("--tag", default="", help="a name for this run's result files")
     p.add_argument("--prefix", default="bench-vs", help="shared-memory name prefix")
-    return run(p.parse_args(argv))
+    args = p.parse_args(argv)
+    if args.reverb_worker:
+        return RV.worker(cases(), CAPACITY, ALPHA, BETA, _timing(args.quick), args.seed)
+    return run(args)
 
 
 if __name__ == "__main__":

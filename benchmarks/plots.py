@@ -54,9 +54,9 @@ def _plain(x):
     return f"{x:g}"
 
 
-def _log_axis(axis):
+def _log_axis(axis, subs=(1.0, 2.0, 5.0)):
     from matplotlib import ticker
-    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
     axis.set_major_formatter(ticker.FuncFormatter(lambda x, _: _plain(x)))
     axis.set_minor_formatter(ticker.NullFormatter())
 
@@ -66,39 +66,61 @@ def _pick(rows, **want):
     return found[0] if found else None
 
 
+def _series(rows, key, op, sampler, xs):
+    """``[(n, median µs)]`` of one library's (``key``'s) case across ``xs``."""
+    pts = [(n, _pick(rows, op=op, sampler=sampler, n=n)) for n in xs]
+    return [(n, r[key]["median_us"]) for n, r in pts
+            if r and isinstance(r.get(key), dict) and r[key].get("median_us")]
+
+
 def fig_per_call(plt, name, data):
-    """Median µs per call against steps added and against batch size, log-log."""
+    """Median µs per call against steps added and against batch size, log-log; Reverb on
+    the same axes when the run measured it (its ``reverb`` section)."""
     rows = data.get("results") or []
-    fig, (ax_add, ax_sample) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    adds, batches = data["config"]["add_steps"], data["config"]["batch_sizes"]
+    fig, (ax_add, ax_sample) = plt.subplots(1, 2, figsize=(8.4, 4.6))
+    series = []  # (axis, key, op, sampler, style, label)
     for lib in ("shmreplay", "cpprb", "reverb"):
         for sampler, style in (("uniform", "-o"), ("prioritized", "--s")):
-            for ax, op, xs in ((ax_add, "add", data["config"]["add_steps"]),
-                               (ax_sample, "sample", data["config"]["batch_sizes"])):
-                pts = [(n, _pick(rows, op=op, sampler=sampler, n=n)) for n in xs]
-                pts = [(n, r[lib]["median_us"]) for n, r in pts
-                       if r and isinstance(r.get(lib), dict) and r[lib].get("median_us")]
-                if pts:
-                    ax.plot(*zip(*pts), style, color=COLORS[lib], label=f"{lib}, {sampler}")
-        upd = [(n, _pick(rows, op="sample+update", sampler="prioritized", n=n))
-               for n in data["config"]["batch_sizes"]]
-        upd = [(n, r[lib]["median_us"]) for n, r in upd
-               if r and isinstance(r.get(lib), dict) and r[lib].get("median_us")]
-        if upd:
-            ax_sample.plot(*zip(*upd), ":^", color=COLORS[lib],
-                           label=f"{lib}, prioritized sample+update")
-    for ax, xlabel in ((ax_add, "steps added per call"), (ax_sample, "batch size")):
+            series.append((ax_add, lib, "add", sampler, style, f"{lib}, {sampler}"))
+            series.append((ax_sample, lib, "sample", sampler, style, None))
+        series.append((ax_sample, lib, "sample+update", "prioritized", ":^",
+                       f"{lib}, prioritized sample+update"))
+    for sampler, style in (("uniform", "-.x"), ("prioritized", "-.+")):
+        series.append((ax_add, "reverb[insert]", "add", sampler, style,
+                       f"reverb Client.insert per step, {sampler}"))
+    for ax, key, op, sampler, style, label in series:
+        pts = _series(rows, key, op, sampler, adds if op == "add" else batches)
+        if pts:
+            ax.plot(*zip(*pts), style, color=COLORS[key.split("[")[0]], label=label,
+                    markersize=4, linewidth=1.2)
+    for ax, xlabel, xs in ((ax_add, "steps added per call", adds),
+                           (ax_sample, "batch size", batches)):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("µs per call (median)")
-        _log_axis(ax.yaxis)
-        ax.set_xticks(data["config"]["add_steps"] if ax is ax_add else data["config"]["batch_sizes"])
-        ax.set_xticklabels([str(n) for n in ax.get_xticks()])
-    ax_add.set_title("add (insert / insert_batch)")
-    ax_sample.set_title("sample_batch (+ update_priorities)")
-    ax_sample.legend(fontsize=6.5, loc="upper left")
-    _title(fig, "Per call, one process: shmreplay and cpprb (Reverb: not in this JSON)",
-           name, data)
+        low, high = ax.get_ylim()
+        _log_axis(ax.yaxis, (1.0, 2.0, 5.0) if high / low < 1e3 else (1.0, 3.0))
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(n) for n in xs])
+    ax_add.set_title("add (insert / insert_batch; Reverb: writer)")
+    ax_sample.set_title("sample (+ update priorities)")
+    handles, labels = [], []
+    for ax in (ax_add, ax_sample):
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    fig.legend(handles, labels, fontsize=6.5, loc="lower center", ncol=3, frameon=False)
+    reverb = data.get("reverb") or {}
+    if reverb.get("measured"):
+        v = reverb.get("versions") or {}
+        what = (f"shmreplay, cpprb and Reverb {v.get('dm-reverb', '?')} "
+                "(Reverb in its own venv, same run)")
+    else:
+        what = "shmreplay and cpprb (Reverb: not in this JSON)"
+    _title(fig, f"Per call, one process: {what}", name, data)
+    fig.subplots_adjust(top=0.82, bottom=0.31)
     return fig
 
 

@@ -18,9 +18,9 @@ IMG_DIR = os.path.join(REPO_ROOT, "docs", "img", "perf")
 
 # Figure name (the SVG's file name) -> the results file it draws.
 FIGURES = {
-    "per-call": "vs_cpprb-reverb-r3.json",
+    "per-call": "vs_cpprb-evening.json",
     "multiprocess": "multiprocess.json",
-    "capacity": "large-r3.json",
+    "capacity": "large-evening.json",
     "writers": "writers-2026-11-27.json",
 }
 

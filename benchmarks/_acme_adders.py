@@ -334,27 +334,8 @@ def _run_worker(script, python, backend, args, errors):
     cmd = [python, script, "--acme-worker", backend, "--seed", str(args.seed),
            "--datasets", args.datasets, "--prefix", args.prefix] + (
                ["--quick"] if args.quick else [])
-    print(f"Acme adders on {backend}: running", " ".join(cmd), flush=True)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    with tempfile.TemporaryFile("w+") as err:
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                  timeout=1800, env=env)
-        except (OSError, subprocess.SubprocessError) as exc:
-            errors.append({"lib": f"acme on {backend}", "where": "worker", "error": repr(exc)})
-            print(f"Acme worker ({backend}) failed:", exc)
-            return None
-        err.seek(0)
-        tail = err.read()[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        errors.append({"lib": f"acme on {backend}", "where": "worker",
-                       "error": f"exit {proc.returncode}", "stderr_tail": tail})
-        print(f"Acme worker ({backend}) exited {proc.returncode}:\n{tail}")
-        return None
-    out = json.loads(lines[-1])
-    errors.extend(out.get("errors", []))
-    return out
+    import _common as C
+    return C.run_json_worker(cmd, errors, f"acme on {backend}")
 
 
 def _print(backend, out, when):

@@ -15,6 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -315,3 +316,34 @@ def check_clean(marker="shmreplay.bench-"):
     if left:
         print(f"WARNING: left in /dev/shm: {left}", file=sys.stderr)
     return left
+
+
+def run_json_worker(cmd, errors, who, timeout=1800, own_packages=True):
+    """Runs a worker command (often a peer's Python in its own virtualenv) and returns
+    the JSON of the last stdout line that starts with ``{``, with its ``errors`` added to
+    ``errors``; or None, with the failure (and stderr's tail) recorded in ``errors`` as
+    ``who``'s. ``own_packages=False`` drops ``PYTHONPATH``, so that the other virtualenv
+    does not import this one's packages."""
+    print(f"{who}: running", " ".join(cmd), flush=True)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if not own_packages:
+        env.pop("PYTHONPATH", None)
+    with tempfile.TemporaryFile("w+") as err:
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                  timeout=timeout, env=env)
+        except (OSError, subprocess.SubprocessError) as exc:
+            errors.append({"lib": who, "where": "worker", "error": repr(exc)})
+            print(f"{who} worker failed:", exc)
+            return None
+        err.seek(0)
+        tail = err.read()[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        errors.append({"lib": who, "where": "worker",
+                       "error": f"exit {proc.returncode}", "stderr_tail": tail})
+        print(f"{who} worker exited {proc.returncode}:\n{tail}")
+        return None
+    out = json.loads(lines[-1])
+    errors.extend(out.get("errors", []))
+    return out

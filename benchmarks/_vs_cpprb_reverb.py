@@ -26,9 +26,6 @@ TF client it also used is gone from Reverb 0.14):
 """
 
 import json
-import os
-import subprocess
-import tempfile
 import traceback
 
 import numpy as np
@@ -187,25 +184,4 @@ def run_worker(python, script, args, errors):
     """Runs ``script --reverb-worker`` in ``python``; returns its JSON, or None."""
     cmd = [python, script, "--reverb-worker", "--seed", str(args.seed)] + \
         (["--quick"] if args.quick else [])
-    print("Reverb: running", " ".join(cmd), flush=True)
-    with tempfile.TemporaryFile("w+") as err:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        env.pop("PYTHONPATH", None)  # the other venv must not import this venv's packages
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                  timeout=1800, env=env)
-        except (OSError, subprocess.SubprocessError) as exc:
-            errors.append({"lib": "reverb", "where": "worker", "error": repr(exc)})
-            print("Reverb worker failed:", exc)
-            return None
-        err.seek(0)
-        tail = err.read()[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        errors.append({"lib": "reverb", "where": "worker",
-                       "error": f"exit {proc.returncode}", "stderr_tail": tail})
-        print(f"Reverb worker exited {proc.returncode}:\n{tail}")
-        return None
-    out = json.loads(lines[-1])
-    errors.extend(out.get("errors", []))
-    return out
+    return C.run_json_worker(cmd, errors, "reverb", own_packages=False)

@@ -26,12 +26,9 @@ virtualenv. Writes results/ray[-SUFFIX].json and .md (machine, date, commit, loa
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -265,19 +262,9 @@ def run_reverb(python, args, errors):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reverb_remote.py")
     cmd = [python, script, "--seconds", str(args.seconds), "--repeats", str(args.repeats),
            "--clients", str(args.actors)]
-    print("Reverb: running", " ".join(cmd), flush=True)
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                              timeout=3600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        err.seek(0)
-        tail = err.read()[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        errors.append({"lib": "reverb", "where": "worker",
-                       "error": f"exit {proc.returncode}", "stderr_tail": tail})
-        print(f"Reverb worker exited {proc.returncode}:\n{tail}")
+    out = C.run_json_worker(cmd, errors, "reverb", timeout=3600)
+    if out is None:
         return None
-    out = json.loads(lines[-1])
     for run in out["runs"].values():
         for result in run["repeats"]:
             if run["kind"] == "frames":

@@ -92,7 +92,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
@@ -506,27 +505,7 @@ def run_reverb(python, args, errors):
     """Runs the Reverb worker in ``python``; returns its JSON, or None."""
     cmd = [python, os.path.abspath(__file__), "--reverb-worker", "--seed", str(args.seed),
            "--datasets", args.datasets] + (["--quick"] if args.quick else [])
-    print("Reverb: running", " ".join(cmd), flush=True)
-    with tempfile.TemporaryFile("w+") as err:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                  timeout=1800, env=env)
-        except (OSError, subprocess.SubprocessError) as exc:
-            errors.append({"lib": "reverb", "where": "worker", "error": repr(exc)})
-            print("Reverb worker failed:", exc)
-            return None
-        err.seek(0)
-        tail = err.read()[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        errors.append({"lib": "reverb", "where": "worker",
-                       "error": f"exit {proc.returncode}", "stderr_tail": tail})
-        print(f"Reverb worker exited {proc.returncode}:\n{tail}")
-        return None
-    out = json.loads(lines[-1])
-    errors.extend(out.get("errors", []))
-    return out
+    return C.run_json_worker(cmd, errors, "reverb")
 
 
 # --------------------------------------------------------------------------- main

@@ -55,6 +55,16 @@ def _step(i):
             "reward": np.float32(1.0)}
 
 
+def _writer_step(writer, counter):
+    """One step of a writer (local or remote) and its one-step item, as the actors do."""
+    def step():
+        writer.append(_step(next(counter)))
+        history = writer.history
+        writer.create_item("replay", 1.0, {key: history[key][-1]
+                                           for key in ("obs", "action", "reward")})
+    return step
+
+
 def _timed(seconds, call, per_call):
     """Runs ``call()`` for ``seconds``: ``(items, elapsed, p50 ms, p99 ms)``."""
     latencies, count = [], 0
@@ -92,12 +102,7 @@ class Sender:
     def writer(self, seconds, chunk_items):
         counter = iter(range(1 << 62))
         with self.remote.trajectory_writer(1, chunk_items=chunk_items) as writer:
-            def step():
-                writer.append(_step(next(counter)))
-                history = writer.history
-                writer.create_item("replay", 1.0, {key: history[key][-1]
-                                                   for key in ("obs", "action", "reward")})
-            return _timed(seconds, step, 1)
+            return _timed(seconds, _writer_step(writer, counter), 1)
 
     def frames(self, seconds, batch, bound=None):
         data = {"frame": np.random.default_rng(0).integers(0, 255, (batch,) + FRAME,
@@ -163,12 +168,7 @@ def _local(name, seconds, kind):
             return _timed(seconds, lambda: client.insert(_step(next(counter)),
                                                          {"replay": 1.0}), 1)
         with client.trajectory_writer(1) as writer:
-            def step():
-                writer.append(_step(next(counter)))
-                history = writer.history
-                writer.create_item("replay", 1.0, {key: history[key][-1]
-                                                   for key in ("obs", "action", "reward")})
-            return _timed(seconds, step, 1)
+            return _timed(seconds, _writer_step(writer, counter), 1)
     finally:
         client.close()
 

@@ -11,7 +11,8 @@ How Reverb feeds the learner (the way a Reverb user does it):
   shmreplay table (``Prioritized(0.6)`` for transitions, ``Uniform()`` for atari, each
   with ``Fifo()``), the same size, ``MinSize(1)``, and a signature; prefilled to that
   size through a ``trajectory_writer``, one step per item (the items are single steps:
-  no time dimension);
+  no time dimension). The server is in the learner's process, so the dataset reads the
+  table directly, without gRPC (Reverb's best case); the actor goes through gRPC;
 - ``fed``: ``reverb.TrajectoryDataset.from_table_signature(address, table,
   max_in_flight_samples_per_worker=2 * batch)``, ``.batch(batch, drop_remainder=True)``,
   ``.prefetch(2)``; the same ``tf.function`` step as the shmreplay row takes the iterator,

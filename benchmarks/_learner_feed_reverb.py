@@ -25,7 +25,8 @@ How Reverb feeds the learner (the way a Reverb user does it):
   from that dataset, as the shmreplay row's constant case;
 - with an actor: a spawned process inserting single items at ``--actor-rate`` per second
   through its own ``trajectory_writer`` (one ``create_item`` and ``flush`` per item), running
-  while constant and fed are measured.
+  while constant and fed are measured (from its first insert on: its imports take
+  seconds); the row's ``actor_inserts_per_s`` is the rate it reached.
 """
 
 import argparse
@@ -94,8 +95,9 @@ def make_server(reverb, tf, workload):
     return server, client
 
 
-def actor(port, workload, rate, stop):
-    """Inserts single items at ``rate`` per second until ``stop`` is set."""
+def actor(port, workload, rate, stop, count):
+    """Inserts single items at ``rate`` per second until ``stop`` is set; ``count``
+    (a shared integer) counts them."""
     import reverb
     client = reverb.Client(f"localhost:{port}")
     steps = _split(_items(workload, 64, np.random.default_rng(1)))
@@ -105,6 +107,7 @@ def actor(port, workload, rate, stop):
             _write(writer, [steps[n % 64]], [1.0])
             writer.flush()
             n += 1
+            count.value = n
             ahead = t0 + n / rate - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
@@ -182,14 +185,22 @@ def worker(argv):
         try:
             if row["actor"]:
                 ctx = multiprocessing.get_context("spawn")
-                stop = ctx.Event()
+                stop, count = ctx.Event(), ctx.Value("q", 0, lock=False)
                 procs.append(ctx.Process(target=actor, args=(server.port, args.workload,
-                                                             args.actor_rate, stop)))
+                                                             args.actor_rate, stop, count)))
                 procs[0].start()
+                deadline = time.monotonic() + 300  # (its imports take seconds: wait for it)
+                while count.value == 0 and procs[0].is_alive() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if count.value == 0:
+                    raise RuntimeError("the Reverb actor did not insert within 300 s")
+                t_actor, n_actor = time.monotonic(), count.value
             scale = WORKLOADS[args.workload]["time"]
             row["steps_per_s"], row["cpu_s_per_step"] = feed.alternate(
                 cases(reverb, tf, server, client, args.workload, refs), args.rounds,
                 args.seconds * scale, args.warmup * scale)
+            if stop is not None:  # what the actor reached (it may fall behind its rate)
+                row["actor_inserts_per_s"] = (count.value - n_actor) / (time.monotonic() - t_actor)
         finally:
             if stop is not None:
                 stop.set()

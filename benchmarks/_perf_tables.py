@@ -212,23 +212,29 @@ def datasets(files):
     return _md(["items/s (÷ sample_batch)"] + [f"{kind} B={b}" for kind, b in cols], rows)
 
 
+FEED_LEARNERS = {"jax": "JAX, `BatchIterator`", "tf": "TF, `make_dataset` + `tf.function`",
+                 "reverb": "TF, Reverb's `TrajectoryDataset` + `tf.function`"}
+
+
 def learner_feed(files):
     rows = []
     for name, data in files:
         run = data.get("args", {}).get("suffix") or name
         for r in data["rows"]:
-            what = ["JAX, `BatchIterator`" if r["framework"] == "jax" else
-                    "TF, `make_dataset` + `tf.function`",
+            what = [FEED_LEARNERS[r["framework"]],
                     "transitions, MLP, B=256, PER" if r["workload"] == "transitions" else
                     "Atari, Nature-DQN, B=32", "on" if r["actor"] else "off", run]
             if r.get("error"):
                 rows.append(what + ["error (see the JSON)", "", "", "", ""])
                 continue
             med, ratio = r["median_steps_per_s"], r["ratio"]
+            # (Reverb's rows have no floor: it is shmreplay's tf.data path without a table)
             cpu = " / ".join(f"{1e3 * statistics.median(r['cpu_s_per_step'][k]):.2f}"
+                             if k in r["cpu_s_per_step"] else "-"
                              for k in ("constant", "floor", "fed"))
+            floor = f"{ratio['floor']:.2f}" if "floor" in ratio else "-"
             rows.append(what + [f"{med['constant']:.1f}", f"{med['fed']:.1f}",
-                                f"**{ratio['fed']:.2f}**", f"{ratio['floor']:.2f}", cpu])
+                                f"**{ratio['fed']:.2f}**", floor, cpu])
     return _md(["learner", "workload", "actor", "run", "constant (steps/s)", "fed", "ratio",
                 "floor ratio", "CPU/step constant / floor / fed (ms)"], rows,
                ["---"] * 4 + ["---:"] * 5)

@@ -47,6 +47,10 @@ Fed variants (all in the JSON; the table uses ``fed``):
   itself takes it from ``from_tensors(batch).repeat()``, through the same
   ``next(iterator)`` as the fed step).
 
+Reverb (``--reverb-python PATH``, default ``$REVERB_PYTHON``): the TF rows also fed by
+Reverb's own ``TrajectoryDataset`` in Reverb's virtualenv, rows ``reverb`` (how: the
+docstring of ``_learner_feed_reverb.py``).
+
 Run ``python benchmarks/bench_learner_feed.py`` (about 15 minutes on a busy 2-core machine); ``--quick`` for a
 smoke run. Results: ``benchmarks/results/learner-feed-<date>[-suffix].json`` and ``.md``.
 """
@@ -64,6 +68,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+import _learner_feed_reverb as RV  # noqa: E402
 from _learner_models import WORKLOADS  # noqa: E402
 
 TABLE = "replay"
@@ -386,6 +391,8 @@ def main(argv=None):
     parser.add_argument("--prefix", default="shmreplay.bench-feed",
                         help="shared-memory name prefix of the buffers")
     parser.add_argument("--suffix", default="", help="results file name suffix")
+    parser.add_argument("--reverb-python", default=None,
+                        help="python of a virtualenv with dm-reverb (default: $REVERB_PYTHON)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--row", nargs=3, metavar=("FRAMEWORK", "WORKLOAD", "ACTOR"),
@@ -418,6 +425,9 @@ def main(argv=None):
                 row = json.loads(lines[-1][4:])
                 rows.append(row)
                 print(row_line(row), flush=True)
+    for row in RV.run_rows(args):
+        rows.append(row)
+        print(row_line(row) if "error" not in row else row["error"], flush=True)
     report(rows, info, args)
     _common.check_clean()
 
@@ -449,8 +459,9 @@ def row_line(row):
 
 def report(rows, info, args):
     headers = ["learner", "workload", "actor", "constant batch (steps/s)",
-               "fed from shmreplay", "ratio", "CPU per step: constant / fed (ms)"]
-    names = {"jax": "JAX, `BatchIterator`", "tf": "TF, `make_dataset` + `tf.function`"}
+               "fed from the table", "ratio", "CPU per step: constant / fed (ms)"]
+    names = {"jax": "JAX, `BatchIterator`", "tf": "TF, `make_dataset` + `tf.function`",
+             "reverb": "TF, Reverb `TrajectoryDataset` + `tf.function`"}
     loads = {"transitions": "transitions, MLP 256x256, batch 256, PER",
              "atari": "Atari frames, Nature-DQN convnet, batch 32"}
     table = []
@@ -472,6 +483,9 @@ def report(rows, info, args):
              "same round; CPU: the whole process's (all threads) per step, median",
              f"actor (rows 'on'): single inserts at {args.actor_rate:.0f}/s in a spawned "
              "process, running while both constant and fed are measured",
+             "rows 'Reverb': the same step fed by Reverb's `TrajectoryDataset` (batched, "
+             "prefetch 2) from a `reverb.Server` table like the shmreplay one, priorities by "
+             "`mutate_priorities` beside the step (see `_learner_feed_reverb.py`)",
              f"load average at end {_common.load_average()}"]
     md = _common.markdown_report("Learner feed: train steps/s, constant batch vs fed",
                                  info, notes, headers, table)

@@ -41,26 +41,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
-from _learner_models import WORKLOADS  # noqa: E402
+from _learner_models import WORKLOADS, make_items  # noqa: E402
 
 TABLE = "replay"
 DISTS = ("dm-reverb", "tensorflow", "tensorflow-cpu", "numpy")
-
-
-def _items(workload, n, rng):
-    # the same items as bench_learner_feed.make_items (not imported: that module is the
-    # shmreplay side)
-    if workload == "transitions":
-        return {"obs": rng.standard_normal((n, 15), np.float32),
-                "act": rng.standard_normal((n, 3), np.float32),
-                "rew": rng.standard_normal(n, np.float32),
-                "next_obs": rng.standard_normal((n, 15), np.float32),
-                "done": (rng.random(n) < 0.05).astype(np.float32)}
-    return {"obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8),
-            "action": rng.integers(0, 18, n).astype(np.int32),
-            "reward": rng.standard_normal(n, np.float32),
-            "discount": np.full(n, 0.99, np.float32),
-            "next_obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8)}
 
 
 def _write(writer, steps, priorities):
@@ -79,7 +63,7 @@ def _split(pool):
 def make_server(reverb, tf, workload):
     spec = WORKLOADS[workload]
     sel = reverb.selectors
-    sample = _split(_items(workload, 1, np.random.default_rng(0)))[0]
+    sample = _split(make_items(workload, 1, np.random.default_rng(0)))[0]
     signature = {k: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)) for k, v in sample.items()}
     table = reverb.Table(TABLE, sel.Prioritized(0.6) if spec["per"] else sel.Uniform(),
                          sel.Fifo(), spec["size"], reverb.rate_limiters.MinSize(1),
@@ -90,7 +74,7 @@ def make_server(reverb, tf, workload):
     with client.trajectory_writer(num_keep_alive_refs=1) as writer:
         for start in range(0, spec["size"], 50):  # (Reverb warns above ~50 pending)
             n = min(50, spec["size"] - start)
-            _write(writer, _split(_items(workload, n, rng)), rng.random(n) + 0.1)
+            _write(writer, _split(make_items(workload, n, rng)), rng.random(n) + 0.1)
             writer.flush()
     return server, client
 
@@ -100,7 +84,7 @@ def actor(port, workload, rate, stop, count):
     (a shared integer) counts them."""
     import reverb
     client = reverb.Client(f"localhost:{port}")
-    steps = _split(_items(workload, 64, np.random.default_rng(1)))
+    steps = _split(make_items(workload, 64, np.random.default_rng(1)))
     t0, n = time.monotonic(), 0
     with client.trajectory_writer(num_keep_alive_refs=1) as writer:
         while not stop.is_set():

@@ -11,6 +11,21 @@ WORKLOADS = {  # time: how much longer than --seconds a round of the workload ru
 }
 
 
+def make_items(workload, n, rng):
+    """``n`` random items of the workload (both feeds' tables are filled with these)."""
+    if workload == "transitions":
+        return {"obs": rng.standard_normal((n, 15), np.float32),
+                "act": rng.standard_normal((n, 3), np.float32),
+                "rew": rng.standard_normal(n, np.float32),
+                "next_obs": rng.standard_normal((n, 15), np.float32),
+                "done": (rng.random(n) < 0.05).astype(np.float32)}
+    return {"obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8),
+            "action": rng.integers(0, 18, n).astype(np.int32),
+            "reward": rng.standard_normal(n, np.float32),
+            "discount": np.full(n, 0.99, np.float32),
+            "next_obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8)}
+
+
 def jax_init(workload, key):
     import jax
     import jax.numpy as jnp

@@ -69,26 +69,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import _learner_feed_reverb as RV  # noqa: E402
-from _learner_models import WORKLOADS  # noqa: E402
+from _learner_models import WORKLOADS, make_items  # noqa: E402
 
 TABLE = "replay"
 
 
 # --------------------------------------------------------------------------- items
-
-def make_items(workload, n, rng):
-    if workload == "transitions":
-        return {"obs": rng.standard_normal((n, 15), np.float32),
-                "act": rng.standard_normal((n, 3), np.float32),
-                "rew": rng.standard_normal(n, np.float32),
-                "next_obs": rng.standard_normal((n, 15), np.float32),
-                "done": (rng.random(n) < 0.05).astype(np.float32)}
-    return {"obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8),
-            "action": rng.integers(0, 18, n).astype(np.int32),
-            "reward": rng.standard_normal(n, np.float32),
-            "discount": np.full(n, 0.99, np.float32),
-            "next_obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8)}
-
 
 def make_server(shmreplay, name, workload):
     from shmreplay import rate_limiters, selectors

@@ -167,7 +167,8 @@ def test_errors_reach_the_consumer():
     with serve(prioritized()) as client:
         with pytest.raises(errors.TableNotFoundError):
             BatchIterator(client, "nope", 2)
-        for bad in (dict(batch_size=0), dict(batch_size=2, prefetch=0)):
+        for bad in (dict(batch_size=0), dict(batch_size=2, prefetch=-1),
+                    dict(batch_size=2, prefetch=0, num_workers=2)):
             with pytest.raises(ValueError):
                 BatchIterator(client, "p", **bad)
 
@@ -259,7 +260,7 @@ def test_a_queued_update_that_fails_raises_from_the_next_call():
             batches.flush()  # raised once
             batches.update_priorities(keys, np.full(4, np.inf), wait=False)
             deadline = time.monotonic() + 10
-            while batches._update_error is None and time.monotonic() < deadline:
+            while batches._updates._error is None and time.monotonic() < deadline:
                 time.sleep(0.01)
             with pytest.raises(errors.InvalidPriorityError):
                 next(batches)

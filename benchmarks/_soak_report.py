@@ -34,11 +34,18 @@ def _fmt_us(x):
     return "n/a" if x is None else (f"{x:.0f}" if x >= 100 else f"{x:.1f}")
 
 
-def summarize(args, info, soak, *, seconds, window, warmup, windows, pids, results,
-              warm_ids, reference, errors):
-    """Prints the tables; returns ``(markdown, payload)``. ``soak`` is the run's
-    ``_soak_parent.Soak`` (None if it failed to start), ``results`` its workers' results,
-    ``warm_ids`` the last probe ids of the warm-up (not reported)."""
+def _rss(windows, key, field="VmRSS"):
+    """``field`` of process ``key`` in each window, MiB (0 where it was not read)."""
+    return [((w["memory_kib"].get(key) or {}).get(field) or 0) / 1024 for w in windows]
+
+
+def _first_last(values):
+    return [values[0], values[-1]]
+
+
+def _latency(args, soak, results, warm_ids, reference):
+    """The wake-up percentiles past the warm-up, and the sample probes whose items were
+    missed: ``(latency, missed)``."""
     learner = results.get(("learner", 0), {})
     sample_wake = [ns for probe, ns in learner.get("wakeups", []) if probe > warm_ids["sample"]]
     missed = [m for m in learner.get("missed", []) if m[0] > warm_ids["sample"]]
@@ -62,13 +69,15 @@ def summarize(args, info, soak, *, seconds, window, warmup, windows, pids, resul
         "reference_sample": _percentiles(reference["sample"]),
         "probes": ({k: v - warm_ids[k] for k, v in soak.probe_ids.items()} if soak else {}),
     }
+    return latency, missed
+
+
+def _trend(windows, pids):
+    """First and last window, extremes and least-squares slopes ({} if no window)."""
     ts = [w["t_end_s"] for w in windows]
     ins = [w["inserts_s"] for w in windows]
     smp = [w["samples_s"] for w in windows]
     shm_b = [w["shm_bytes"] for w in windows]
-
-    def rss(key, field="VmRSS"):
-        return [((w["memory_kib"].get(key) or {}).get(field) or 0) / 1024 for w in windows]
 
     trend = {}
     if windows:
@@ -82,11 +91,15 @@ def summarize(args, info, soak, *, seconds, window, warmup, windows, pids, resul
             "samples_s_slope_pct_per_min": (100 * _slope_per_min(ts, smp) / statistics.mean(smp)
                                             if len(smp) > 1 else None),
             "shm_mib_first_last": [shm_b[0] / 2**20, shm_b[-1] / 2**20],
-            "rss_mib_first_last": {k: [rss(k)[0], rss(k)[-1]] for k in pids},
-            "rss_anon_mib_first_last": {k: [rss(k, "RssAnon")[0], rss(k, "RssAnon")[-1]]
+            "rss_mib_first_last": {k: _first_last(_rss(windows, k)) for k in pids},
+            "rss_anon_mib_first_last": {k: _first_last(_rss(windows, k, "RssAnon"))
                                         for k in pids},
         }
+    return trend
 
+
+def _window_table(windows, pids):
+    """(headers, rows): one row per window."""
     win_headers = ["t (s)", "inserts/s", "samples/s", "learner calls/s", "size", "shm MiB",
                    "CPU % ours/others/steal"] + [f"{k} RSS MiB" for k in pids]
     win_rows = []
@@ -98,6 +111,11 @@ def summarize(args, info, soak, *, seconds, window, warmup, windows, pids, resul
                          f"{w['cpu_steal_pct']:.0f}"] +
                         [f"{((w['memory_kib'].get(k) or {}).get('VmRSS') or 0) / 1024:.1f}"
                          for k in pids])
+    return win_headers, win_rows
+
+
+def _latency_table(latency, actors):
+    """(headers, rows): one row per kind of wake-up and probe call."""
     lat_headers = ["wake-up", "n", "p50 µs", "p90 µs", "p99 µs", "max µs"]
     lat_rows = []
     for label, key in (("sample: probe insert -> learner's sample_batch returns",
@@ -108,7 +126,7 @@ def summarize(args, info, soak, *, seconds, window, warmup, windows, pids, resul
                        ("insert: last actor back, per probe", "insert_wakeup_last_per_probe"),
                        (f"probe call: insert_batch of {math.ceil(BATCH / SPI)} (start to return)",
                         "probe_call_insert_batch"),
-                       (f"probe call: sample_batch of {int(SPI) * args.actors} (start to return)",
+                       (f"probe call: sample_batch of {int(SPI) * actors} (start to return)",
                         "probe_call_sample"),
                        ("same insert_batch, nobody waiting (reference table)",
                         "reference_insert_batch"),
@@ -118,23 +136,46 @@ def summarize(args, info, soak, *, seconds, window, warmup, windows, pids, resul
         lat_rows.append([label] + (["0", "n/a", "n/a", "n/a", "n/a"] if p is None else
                                    [p["n"], _fmt_us(p["p50_us"]), _fmt_us(p["p90_us"]),
                                     _fmt_us(p["p99_us"]), _fmt_us(p["max_us"])]))
-    trend_rows = []
-    if trend:
-        trend_rows = [
-            ["inserts/s first / last window", f"{C.fmt_num(ins[0])} / {C.fmt_num(ins[-1])}"],
-            ["inserts/s min / max", f"{C.fmt_num(min(ins))} / {C.fmt_num(max(ins))}"],
-            ["inserts/s trend (least squares)",
-             f"{trend['inserts_s_slope_pct_per_min']:+.2f} %/min"
-             if trend["inserts_s_slope_pct_per_min"] is not None else "n/a"],
-            ["samples/s first / last window", f"{C.fmt_num(smp[0])} / {C.fmt_num(smp[-1])}"],
-            ["samples/s trend (least squares)",
-             f"{trend['samples_s_slope_pct_per_min']:+.2f} %/min"
-             if trend["samples_s_slope_pct_per_min"] is not None else "n/a"],
-            ["shared memory first / last window (MiB)",
-             f"{shm_b[0] / 2**20:.1f} / {shm_b[-1] / 2**20:.1f}"],
-        ] + [[f"{k} VmRSS (RssAnon) first / last (MiB)",
-              f"{rss(k)[0]:.1f} ({rss(k, 'RssAnon')[0]:.1f}) / "
-              f"{rss(k)[-1]:.1f} ({rss(k, 'RssAnon')[-1]:.1f})"] for k in pids]
+    return lat_headers, lat_rows
+
+
+def _trend_rows(trend, pids):
+    """The trend table's rows, from ``_trend``'s figures (none if no window)."""
+    if not trend:
+        return []
+
+    def slope(key):
+        return f"{trend[key]:+.2f} %/min" if trend[key] is not None else "n/a"
+    ins0, ins1 = trend["inserts_s_first_last"]
+    ins_min, ins_max = trend["inserts_s_min_max"]
+    smp0, smp1 = trend["samples_s_first_last"]
+    shm0, shm1 = trend["shm_mib_first_last"]
+    rows = [
+        ["inserts/s first / last window", f"{C.fmt_num(ins0)} / {C.fmt_num(ins1)}"],
+        ["inserts/s min / max", f"{C.fmt_num(ins_min)} / {C.fmt_num(ins_max)}"],
+        ["inserts/s trend (least squares)", slope("inserts_s_slope_pct_per_min")],
+        ["samples/s first / last window", f"{C.fmt_num(smp0)} / {C.fmt_num(smp1)}"],
+        ["samples/s trend (least squares)", slope("samples_s_slope_pct_per_min")],
+        ["shared memory first / last window (MiB)", f"{shm0:.1f} / {shm1:.1f}"],
+    ]
+    for k in pids:
+        (vm0, vm1), (anon0, anon1) = (trend["rss_mib_first_last"][k],
+                                      trend["rss_anon_mib_first_last"][k])
+        rows.append([f"{k} VmRSS (RssAnon) first / last (MiB)",
+                     f"{vm0:.1f} ({anon0:.1f}) / {vm1:.1f} ({anon1:.1f})"])
+    return rows
+
+
+def summarize(args, info, soak, *, seconds, window, warmup, windows, pids, results,
+              warm_ids, reference, errors):
+    """Prints the tables; returns ``(markdown, payload)``. ``soak`` is the run's
+    ``_soak_parent.Soak`` (None if it failed to start), ``results`` its workers' results,
+    ``warm_ids`` the last probe ids of the warm-up (not reported)."""
+    latency, missed = _latency(args, soak, results, warm_ids, reference)
+    trend = _trend(windows, pids)
+    win_headers, win_rows = _window_table(windows, pids)
+    lat_headers, lat_rows = _latency_table(latency, args.actors)
+    trend_rows = _trend_rows(trend, pids)
 
     print()
     print(C.render_table(win_headers, win_rows))

@@ -286,9 +286,7 @@ def prepared_case(lib, where, make, errors):
         fn()  # surface errors with the case named (and trace tf.functions)
         return fn
     except Exception as exc:  # noqa: BLE001
-        tb = traceback.format_exc()
-        print(f"{lib} {where} failed:\n{tb}")
-        errors.append({"lib": lib, "where": where, "error": repr(exc), "traceback": tb})
+        record_error(errors, lib, where, exc)
         return None
 
 

@@ -21,6 +21,9 @@ def _table_info(info):
 
 
 def run_dataset(dname, args, libs, shm, cpprb, rng, timing, errors):
+    """Times step shape ``dname``'s cases of ``libs``: each case's first pass (``max_size``
+    steps; fewer in quick mode), then all of them interleaved; then the tables' sizes and
+    the memory check. Returns the shape's results; failures go to ``errors``."""
     ds = DATASETS[dname]
     cap = ds["capacity"]
     fill = min(cap, 1000 if dname == "small" else 200) if args.quick else cap

@@ -186,7 +186,8 @@ def shm_case(key, client, steps):
 def floor_case(client, steps, nxt, table=TABLES["floor"]):
     """The mechanism alone (private API): reserve a slot and a fresh row, copy the step's
     fields into the row, commit. A writer's first item defines the table's storage."""
-    from shmreplay._shm.kernels import table as kernels
+    from shmreplay._engine import growth
+    from shmreplay._shm.kernels import codes, table as kernels
     with client.writer(1) as w:
         w.append(steps[0])
         w.create_item(table, 1, 1.0)
@@ -206,6 +207,10 @@ def floor_case(client, steps, nxt, table=TABLES["floor"]):
             step = nxt()
         slot = kernels.reserve_item(*arrays, known_rows, known_gens, ref_steps, pid, 0, 0,
                                     out_rows, out_fresh, io)
+        while slot == codes.GROW:  # the stores grow as the table fills (as writers do)
+            growth.grow(engine, 1)
+            slot = kernels.reserve_item(*arrays, known_rows, known_gens, ref_steps, pid, 0, 0,
+                                        out_rows, out_fresh, io)
         if slot < 0:
             raise RuntimeError(f"floor case: reserve_item returned {slot}")
         row = int(out_rows[0])

@@ -97,6 +97,16 @@ def _git_commit():
         return None
 
 
+def dirty_files():
+    """Uncommitted changes under shmreplay/ (the working copy is what is measured)."""
+    try:
+        out = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--",
+                              "shmreplay"], capture_output=True, text=True, timeout=5)
+        return [ln[3:] for ln in out.stdout.splitlines() if ln.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def machine_info():
     """The facts a reader needs to compare numbers across machines."""
     try:
@@ -156,7 +166,8 @@ def _warm_and_calibrate(fn, min_time, warmup, max_number):
         number = min(max_number, max(number * 2, int(number * min_time / max(dt, 1e-9) * 1.2)))
 
 
-def time_interleaved(fns, *, repeat=7, min_time=0.02, warmup=0.05, max_number=1_000_000):
+def time_interleaved(fns, *, repeat=7, min_time=0.02, warmup=0.05, max_number=1_000_000,
+                     skips=None):
     """Timeit-style timing of several zero-argument callables: seconds per call.
 
     Each callable is warmed up for ``warmup`` seconds and gets its own loop count
@@ -166,6 +177,8 @@ def time_interleaved(fns, *, repeat=7, min_time=0.02, warmup=0.05, max_number=1_
 
     Args:
       fns: ``{label: callable}``.
+      skips: ``{label: count}``: untimed calls of that callable just before each of its
+        timed repeats (a prefetching pipeline's head start is not timed).
 
     Returns:
       ``{label: {"median", "best", "number", "repeat"}}`` (seconds per call).
@@ -181,6 +194,8 @@ def time_interleaved(fns, *, repeat=7, min_time=0.02, warmup=0.05, max_number=1_
         for r in range(repeat):
             for k in (order if r % 2 == 0 else order[::-1]):
                 fn, number = fns[k], numbers[k]
+                for _ in range(skips.get(k, 0) if skips else 0):
+                    fn()
                 t0 = perf()
                 for _ in itertools.repeat(None, number):
                     fn()
@@ -255,6 +270,14 @@ def write_results(stem, payload, markdown):
     return paths
 
 
+def record_error(errors, lib, where, exc):
+    """Prints the traceback being handled and records it in ``errors`` as ``lib``'s at
+    ``where``."""
+    tb = traceback.format_exc()
+    print(f"{lib} {where} failed:\n{tb}", flush=True)
+    errors.append({"lib": lib, "where": where, "error": repr(exc), "traceback": tb})
+
+
 def prepared_case(lib, where, make, errors):
     """``make()``'s function, called once here so that an error names its case; None
     (the error recorded in ``errors`` and printed) if making or calling it failed."""
@@ -263,9 +286,7 @@ def prepared_case(lib, where, make, errors):
         fn()  # surface errors with the case named (and trace tf.functions)
         return fn
     except Exception as exc:  # noqa: BLE001
-        tb = traceback.format_exc()
-        print(f"{lib} {where} failed:\n{tb}")
-        errors.append({"lib": lib, "where": where, "error": repr(exc), "traceback": tb})
+        record_error(errors, lib, where, exc)
         return None
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from _learner_models import WORKLOADS
 
 TABLE = "replay"
+FLOOR_K = 8  # batches per numpy_function call in the TF floor_k case
 
 
 # --------------------------------------------------------------------------- JAX
@@ -211,6 +212,26 @@ def tf_cases(client, name, workload, refs):
     floor_iterator = iter(tf.data.Dataset.range(1 << 62).map(to_fixed).prefetch(2))
     refs.append(floor_iterator)
 
+    # The same floor with one numpy_function call per FLOOR_K batches (``unbatch``
+    # splits them in C++): what amortizing tf.data's per-call cost would gain.
+    if len(fixed) == 1:  # (every leaf packed: the transitions)
+        stacked = np.stack([fixed[0]] * FLOOR_K)
+
+        def to_fixed_k(index):
+            packed = tf.numpy_function(lambda _: stacked.copy(), [index], tf.uint8,
+                                       stateful=True)
+            packed.set_shape([FLOOR_K, packing.size])
+            return packed
+
+        def unpack(packed):
+            flat = packing.unpack([packed])
+            for tensor, leaf_spec in zip(flat, flat_spec):
+                tensor.set_shape(leaf_spec.shape)
+            return tf.nest.pack_sequence_as(dataset.element_spec, flat)
+        floor_k_iterator = iter(tf.data.Dataset.range(1 << 62).map(to_fixed_k).unbatch()
+                                .map(unpack).prefetch(2))
+        refs.append(floor_k_iterator)
+
     @tf.function
     def floor_step(iterator):
         train(next(iterator))
@@ -218,6 +239,8 @@ def tf_cases(client, name, workload, refs):
     cases = {"constant": (constant_step, nothing), "fed": (fed, nothing),
              "floor": (lambda: floor_step(floor_iterator), nothing),
              "constant_arg": (lambda: constant_arg_step(const), nothing)}
+    if len(fixed) == 1:
+        cases[f"floor_k{FLOOR_K}"] = (lambda: floor_step(floor_k_iterator), nothing)
     if per:
         cases["fed_in_graph"] = (lambda: in_graph_step(in_graph_iterator), nothing)
         cases["fed_eager_loop"] = (eager_loop, nothing)

@@ -48,7 +48,9 @@ Fed variants (all in the JSON; the table uses ``fed``):
   the sample as its argument and the update beside it; ``constant_arg``: the
   constant batch passed as the argument of the ``tf.function`` (the constant case
   itself takes it from ``from_tensors(batch).repeat()``, through the same
-  ``next(iterator)`` as the fed step).
+  ``next(iterator)`` as the fed step); ``floor_k8`` (tables whose leaves all pack into
+  one array): the floor with one ``numpy_function`` call per 8 batches, split by
+  ``unbatch``.
 
 Reverb (``--reverb-python PATH``, default ``$REVERB_PYTHON``): the TF rows also fed by
 Reverb's own ``TrajectoryDataset`` in Reverb's virtualenv, rows ``reverb`` (how: the

@@ -122,7 +122,18 @@ def jax_cases(client, name, workload, refs):
         weights = batch.weights if beta is not None else const_w
         state["p"], _ = step(state["p"], batch.data, weights)
 
-    cases = {"constant": (constant, finish), "fed": (fed, finish), "floor": (floor, finish),
+    # The framework's own floor for fresh data: the batch as numpy arrays, copied to
+    # fresh memory each step (as a new batch is) and passed to the step, which moves
+    # them in its call. No iterator, no thread, no shmreplay.
+    host_weights = (fixed_sample.info.importance_weights(beta) if beta is not None
+                    else np.ones(spec["batch"], np.float32))
+
+    def host():
+        data = jax.tree_util.tree_map(np.copy, fixed_sample.data)
+        state["p"], _ = step(state["p"], data, host_weights.copy())
+
+    cases = {"constant": (constant, finish), "host": (host, finish),
+             "fed": (fed, finish), "floor": (floor, finish),
              "fed_inline": (fed_inline, finish_inline), "floor_inline": (floor_inline, finish)}
     if spec["per"]:
         cases["fed_wait"] = (lambda: fed(True), finish)
@@ -236,7 +247,15 @@ def tf_cases(client, name, workload, refs):
     def floor_step(iterator):
         train(next(iterator))
 
-    cases = {"constant": (constant_step, nothing), "fed": (fed, nothing),
+    # TensorFlow's own floor for fresh data: the batch as numpy arrays, copied to fresh
+    # memory each step, passed to the function (which converts them in its call).
+    host_batch = tf.nest.map_structure(lambda tensor: tensor.numpy(), const)
+
+    def host():
+        constant_arg_step(tf.nest.map_structure(np.copy, host_batch))
+
+    cases = {"constant": (constant_step, nothing), "host": (host, nothing),
+             "fed": (fed, nothing),
              "floor": (lambda: floor_step(floor_iterator), nothing),
              "constant_arg": (lambda: constant_arg_step(const), nothing)}
     if len(fixed) == 1:

@@ -29,6 +29,11 @@ figures are medians over rounds. The constant JAX loop never waits for a step's 
 
 Fed variants (all in the JSON; the table uses ``fed``):
 
+* ``host`` (both): the framework's own floor for fresh data, with no shmreplay, no
+  iterator and no thread: one batch sampled once, as numpy arrays copied to fresh
+  memory every step and passed to the step as its argument (JAX: the jitted step moves
+  them in its call; TF: the ``tf.function`` converts them). What ingesting a new
+  batch from host memory costs the step;
 * ``floor`` (both): the same feeding machinery over one batch sampled once, no
   priority updates: JAX, a ``BatchIterator`` whose client's ``sample_batch`` returns
   that batch; TF, a ``range`` mapped through one ``numpy_function`` returning it

@@ -181,12 +181,14 @@ def test_attach_by_name():
         assert len(rows) == 5 and set(rows) <= set(range(5))
 
 
-def test_batches_kept_by_the_learner_stay_intact():
+@pytest.mark.parametrize("prefetch", [3, 0])
+def test_batches_kept_by_the_learner_stay_intact(prefetch):
     # Small batches come from reused results; a batch the learner holds (as jax arrays,
-    # which may alias host memory) must never be refilled by a later one.
+    # which may alias host memory, or with prefetch=0 as the numpy arrays themselves)
+    # must never be refilled by a later one.
     with serve(prioritized()) as client:
         fill(client, "p", 200)
-        with BatchIterator(client, "p", 4, max_batches=40, prefetch=3) as batches:
+        with BatchIterator(client, "p", 4, max_batches=40, prefetch=prefetch) as batches:
             kept = list(batches)
         assert len(kept) == 40
         for batch in kept:

@@ -71,17 +71,21 @@ def jax_cases(client, name, workload, refs):
     def constant():
         state["p"], _ = step(state["p"], const_data, const_w)
 
-    def fed(wait=False):
-        batch = next(batches)
-        weights = batch.weights if beta is not None else const_w
-        state["p"], td = step(state["p"], batch.data, weights)
-        if spec["per"]:
-            batches.update_priorities(batch.info.key, td, wait=wait)
+    def feeding(iterator, update=True, wait=False):
+        """``(step, finish)`` of the step fed by ``iterator``; ``update``: set the
+        priorities after each step (``wait``: as ``update_priorities``)."""
+        def fed():
+            batch = next(iterator)
+            weights = batch.weights if beta is not None else const_w
+            state["p"], td = step(state["p"], batch.data, weights)
+            if update and spec["per"]:
+                iterator.update_priorities(batch.info.key, td, wait=wait)
 
-    def finish():
-        jax.block_until_ready(state["p"])
-        if spec["per"]:
-            batches.flush()
+        def finish():
+            jax.block_until_ready(state["p"])
+            if update and spec["per"]:
+                iterator.flush()
+        return fed, finish
 
     # The floor: the same iterator (thread, transfer, queue) over one batch sampled
     # once, and no priority updates: what feeding from host memory costs with no
@@ -90,37 +94,13 @@ def jax_cases(client, name, workload, refs):
     fixed_sample = fixed_client.sample_batch(TABLE, spec["batch"])
     fixed_client.sample_batch = lambda *args, **kwargs: fixed_sample
     floor_batches = BatchIterator(fixed_client, TABLE, spec["batch"], importance_beta=beta)
-    refs += [floor_batches, fixed_client]
-
-    def floor():
-        batch = next(floor_batches)
-        weights = batch.weights if beta is not None else const_w
-        state["p"], _ = step(state["p"], batch.data, weights)
-
     # prefetch=0: no thread; next() samples in this thread while the step dispatched
     # before computes, and queued updates are applied by later calls when ready.
     inline_batches = BatchIterator(client, TABLE, spec["batch"], importance_beta=beta,
                                    prefetch=0)
     inline_floor = BatchIterator(fixed_client, TABLE, spec["batch"], importance_beta=beta,
                                  prefetch=0)
-    refs += [inline_batches, inline_floor]
-
-    def fed_inline():
-        batch = next(inline_batches)
-        weights = batch.weights if beta is not None else const_w
-        state["p"], td = step(state["p"], batch.data, weights)
-        if spec["per"]:
-            inline_batches.update_priorities(batch.info.key, td, wait=False)
-
-    def finish_inline():
-        jax.block_until_ready(state["p"])
-        if spec["per"]:
-            inline_batches.flush()
-
-    def floor_inline():
-        batch = next(inline_floor)
-        weights = batch.weights if beta is not None else const_w
-        state["p"], _ = step(state["p"], batch.data, weights)
+    refs += [floor_batches, fixed_client, inline_batches, inline_floor]
 
     # The framework's own floor for fresh data: the batch as numpy arrays, copied to
     # fresh memory each step (as a new batch is) and passed to the step, which moves
@@ -132,11 +112,13 @@ def jax_cases(client, name, workload, refs):
         data = jax.tree_util.tree_map(np.copy, fixed_sample.data)
         state["p"], _ = step(state["p"], data, host_weights.copy())
 
-    cases = {"constant": (constant, finish), "host": (host, finish),
-             "fed": (fed, finish), "floor": (floor, finish),
-             "fed_inline": (fed_inline, finish_inline), "floor_inline": (floor_inline, finish)}
+    just_wait = feeding(floor_batches, update=False)[1]
+    cases = {"constant": (constant, just_wait), "host": (host, just_wait),
+             "fed": feeding(batches), "floor": feeding(floor_batches, update=False),
+             "fed_inline": feeding(inline_batches),
+             "floor_inline": feeding(inline_floor, update=False)}
     if spec["per"]:
-        cases["fed_wait"] = (lambda: fed(True), finish)
+        cases["fed_wait"] = feeding(batches, wait=True)
     return cases
 
 

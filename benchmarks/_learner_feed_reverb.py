@@ -42,6 +42,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _learner_models import WORKLOADS, make_items  # noqa: E402
+from _learner_timing import alternate  # noqa: E402
 
 TABLE = "replay"
 DISTS = ("dm-reverb", "tensorflow", "tensorflow-cpu", "numpy")
@@ -151,7 +152,6 @@ def cases(reverb, tf, server, client, workload, refs):
 
 def worker(argv):
     """One Reverb row in this process; prints its JSON line."""
-    import bench_learner_feed as feed
     parser = argparse.ArgumentParser()
     parser.add_argument("workload")
     parser.add_argument("actor", choices=("off", "on"))
@@ -180,7 +180,7 @@ def worker(argv):
                     raise RuntimeError("the Reverb actor did not insert within 300 s")
                 t_actor, n_actor = time.monotonic(), count.value
             scale = WORKLOADS[args.workload]["time"]
-            row["steps_per_s"], row["cpu_s_per_step"] = feed.alternate(
+            row["steps_per_s"], row["cpu_s_per_step"] = alternate(
                 cases(reverb, tf, server, client, args.workload, refs), args.rounds,
                 args.seconds * scale, args.warmup * scale)
             if stop is not None:  # what the actor reached (it may fall behind its rate)

@@ -232,12 +232,13 @@ def learner_feed(files):
             cpu = " / ".join(f"{1e3 * statistics.median(r['cpu_s_per_step'][k]):.2f}"
                              if k in r["cpu_s_per_step"] else "-"
                              for k in ("constant", "floor", "fed"))
-            floor = f"{ratio['floor']:.2f}" if "floor" in ratio else "-"
+            # (host: the framework's own floor for fresh data, in runs from 2026-11-27 night)
+            host, floor = (f"{ratio[k]:.2f}" if k in ratio else "-" for k in ("host", "floor"))
             rows.append(what + [f"{med['constant']:.1f}", f"{med['fed']:.1f}",
-                                f"**{ratio['fed']:.2f}**", floor, cpu])
+                                f"**{ratio['fed']:.2f}**", host, floor, cpu])
     return _md(["learner", "workload", "actor", "run", "constant (steps/s)", "fed", "ratio",
-                "floor ratio", "CPU/step constant / floor / fed (ms)"], rows,
-               ["---"] * 4 + ["---:"] * 5)
+                "host ratio", "floor ratio", "CPU/step constant / floor / fed (ms)"], rows,
+               ["---"] * 4 + ["---:"] * 6)
 
 
 def soak_windows(files):

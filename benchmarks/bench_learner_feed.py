@@ -29,6 +29,11 @@ figures are medians over rounds. The constant JAX loop never waits for a step's 
 
 Fed variants (all in the JSON; the table uses ``fed``):
 
+* ``host`` (both): the framework's own floor for fresh data, with no shmreplay, no
+  iterator and no thread: one batch sampled once, as numpy arrays copied to fresh
+  memory every step and passed to the step as its argument (JAX: the jitted step moves
+  them in its call; TF: the ``tf.function`` converts them). What ingesting a new
+  batch from host memory costs the step;
 * ``floor`` (both): the same feeding machinery over one batch sampled once, no
   priority updates: JAX, a ``BatchIterator`` whose client's ``sample_batch`` returns
   that batch; TF, a ``range`` mapped through one ``numpy_function`` returning it
@@ -37,6 +42,9 @@ Fed variants (all in the JSON; the table uses ``fed``):
 * JAX: ``fed``: ``update_priorities(keys, td, wait=False)`` (queued, applied by the
   iterator's thread when the step has computed ``td``); ``fed_wait``: the default
   ``wait=True``, which waits for the step before the next one is dispatched;
+  ``fed_inline`` and ``floor_inline``: ``fed`` and ``floor`` with ``prefetch=0`` (no
+  thread: ``next`` samples in the learner's thread, the updates are applied by its
+  later calls);
 * TF: ``fed``: a ``tf.function`` takes the iterator, calls ``next`` and runs the step;
   it returns the keys and TD errors and ``Client.update_priorities`` runs beside it,
   after each call (the tensors are computed by then: ``.numpy()`` is free);
@@ -45,7 +53,9 @@ Fed variants (all in the JSON; the table uses ``fed``):
   the sample as its argument and the update beside it; ``constant_arg``: the
   constant batch passed as the argument of the ``tf.function`` (the constant case
   itself takes it from ``from_tensors(batch).repeat()``, through the same
-  ``next(iterator)`` as the fed step).
+  ``next(iterator)`` as the fed step); ``floor_k8`` (tables whose leaves all pack into
+  one array): the floor with one ``numpy_function`` call per 8 batches, split by
+  ``unbatch``.
 
 Reverb (``--reverb-python PATH``, default ``$REVERB_PYTHON``): the TF rows also fed by
 Reverb's own ``TrajectoryDataset`` in Reverb's virtualenv, rows ``reverb`` (how: the
@@ -69,10 +79,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import _learner_feed_reverb as RV  # noqa: E402
+from _learner_feed_cases import TABLE, jax_cases, tf_cases  # noqa: E402
+from _learner_timing import alternate  # noqa: E402
 from _learner_models import WORKLOADS, make_items  # noqa: E402
-
-TABLE = "replay"
-
 
 # --------------------------------------------------------------------------- items
 
@@ -107,226 +116,6 @@ def actor(name, workload, rate, stop):
         if ahead > 0:
             time.sleep(ahead)
     client.close()
-
-
-# --------------------------------------------------------------------------- timing
-
-def run_for(seconds, step, finish=lambda: None):
-    """``(steps/s, CPU seconds per step)`` of ``step()`` run for about ``seconds``;
-    ``finish()`` waits for the work still in flight (JAX's asynchronous dispatch)
-    inside the timed span. CPU time is the whole process's (every thread)."""
-    perf = time.perf_counter
-    cpu0 = time.process_time()
-    t0 = perf()
-    end = t0 + seconds
-    n = 0
-    while perf() < end:
-        step()
-        n += 1
-    finish()
-    return n / (perf() - t0), (time.process_time() - cpu0) / n
-
-
-def alternate(cases, rounds, seconds, warmup):
-    """``({label: [steps/s per round]}, {label: [CPU s per step per round]})``, every
-    case once per round, the order flipping every round, so that load that comes and
-    goes on the machine hits the cases of a round alike."""
-    for step, finish in cases.values():
-        run_for(warmup, step, finish)
-    rates = {label: [] for label in cases}
-    cpu = {label: [] for label in cases}
-    order = list(cases)
-    for r in range(rounds):
-        for label in (order if r % 2 == 0 else order[::-1]):
-            rate, cpu_per_step = run_for(seconds, *cases[label])
-            rates[label].append(rate)
-            cpu[label].append(cpu_per_step)
-    return rates, cpu
-
-
-# --------------------------------------------------------------------------- JAX
-
-def jax_cases(client, name, workload, refs):
-    import _learner_models
-    import jax
-    import jax.numpy as jnp
-    import shmreplay
-    from shmreplay.jax import BatchIterator
-    spec = WORKLOADS[workload]
-    key = jax.random.PRNGKey(0)
-    params = _learner_models.jax_init(workload, key)
-
-    if workload == "transitions":
-        def q_values(p, obs, act):
-            h = jnp.concatenate([obs, act], axis=1)
-            h = jax.nn.relu(h @ p[0] + p[1])
-            h = jax.nn.relu(h @ p[2] + p[3])
-            return (h @ p[4] + p[5])[:, 0]
-
-        def loss(p, data, weights):
-            target = data["rew"] + 0.99 * (1 - data["done"]) * jax.lax.stop_gradient(
-                q_values(p, data["next_obs"], data["act"]))
-            td = target - q_values(p, data["obs"], data["act"])
-            return jnp.mean(weights * td ** 2), td
-    else:
-        def q_all(p, frames):
-            h = frames.astype(jnp.float32) / 255.0
-            for i, stride in ((0, 4), (2, 2), (4, 1)):
-                h = jax.lax.conv_general_dilated(h, p[i], (stride, stride), "VALID",
-                                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
-                h = jax.nn.relu(h + p[i + 1])
-            h = jax.nn.relu(h.reshape(h.shape[0], -1) @ p[6] + p[7])
-            return h @ p[8] + p[9]
-
-        def loss(p, data, weights):
-            target = data["reward"] + data["discount"] * jax.lax.stop_gradient(
-                q_all(p, data["next_obs"]).max(axis=1))
-            q = jnp.take_along_axis(q_all(p, data["obs"]), data["action"][:, None], 1)[:, 0]
-            td = target - q
-            return jnp.mean(weights * td ** 2), td
-
-    @jax.jit
-    def step(p, data, weights):
-        (_, td), grads = jax.value_and_grad(loss, has_aux=True)(p, data, weights)
-        return jax.tree_util.tree_map(lambda w, g: w - 1e-4 * g, p, grads), td
-
-    state = {"p": params}
-    beta = 0.4 if spec["per"] else None
-    batches = BatchIterator(client, TABLE, spec["batch"], importance_beta=beta)
-    refs.append(batches)
-    first = next(batches)
-    const_data = first.data
-    const_w = first.weights if beta is not None else jnp.ones(spec["batch"], jnp.float32)
-
-    def constant():
-        state["p"], _ = step(state["p"], const_data, const_w)
-
-    def fed(wait=False):
-        batch = next(batches)
-        weights = batch.weights if beta is not None else const_w
-        state["p"], td = step(state["p"], batch.data, weights)
-        if spec["per"]:
-            batches.update_priorities(batch.info.key, td, wait=wait)
-
-    def finish():
-        jax.block_until_ready(state["p"])
-        if spec["per"]:
-            batches.flush()
-
-    # The floor: the same iterator (thread, transfer, queue) over one batch sampled
-    # once, and no priority updates: what feeding from host memory costs with no
-    # sampling and no table.
-    fixed_client = shmreplay.Client(name)
-    fixed_sample = fixed_client.sample_batch(TABLE, spec["batch"])
-    fixed_client.sample_batch = lambda *args, **kwargs: fixed_sample
-    floor_batches = BatchIterator(fixed_client, TABLE, spec["batch"], importance_beta=beta)
-    refs += [floor_batches, fixed_client]
-
-    def floor():
-        batch = next(floor_batches)
-        weights = batch.weights if beta is not None else const_w
-        state["p"], _ = step(state["p"], batch.data, weights)
-
-    cases = {"constant": (constant, finish), "fed": (fed, finish), "floor": (floor, finish)}
-    if spec["per"]:
-        cases["fed_wait"] = (lambda: fed(True), finish)
-    return cases
-
-
-# --------------------------------------------------------------------------- TensorFlow
-
-def tf_cases(client, name, workload, refs):
-    import _learner_models
-    import tensorflow as tf
-    from shmreplay import _tf_batches, tf as stf
-    spec = WORKLOADS[workload]
-    per = spec["per"]
-    train, variables = _learner_models.tf_train(workload)
-    tf_client = stf.TFClient(name)
-
-    @tf.function
-    def constant_arg_step(sample):
-        train(sample)
-
-    @tf.function
-    def in_graph_step(iterator):
-        sample = next(iterator)
-        td = train(sample)
-        tf_client.update_priorities(
-            TABLE, sample.info.key, tf.cast(tf.abs(td), tf.float64) + 1e-6)
-
-    @tf.function
-    def iterator_step(iterator):
-        sample = next(iterator)
-        td = train(sample)
-        return (sample.info.key, td) if per else td
-
-    train_fn = tf.function(train)
-    dataset = stf.make_dataset(name, TABLE, spec["batch"])
-    iterator = iter(dataset)
-    eager_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"]))
-    in_graph_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"]))
-    const = next(iterator)
-    refs += [dataset, iterator, eager_iterator, in_graph_iterator, variables, tf_client]
-
-    # The constant batch reaches the same step through the cheapest iterator there is
-    # (from_tensors(batch).repeat(): no Python, no copy). Not captured in the function:
-    # TensorFlow would then fold what depends on the batch alone (the weights, the
-    # concatenated inputs) and the step would do less work than the fed one.
-    const_iterator = iter(tf.data.Dataset.from_tensors(const).repeat())
-    refs.append(const_iterator)
-
-    def constant_step():
-        iterator_step(const_iterator)
-
-    def eager_loop():
-        sample = next(eager_iterator)
-        td = train_fn(sample)
-        if per:
-            client.update_priorities(TABLE, sample.info.key.numpy(),
-                                     np.abs(td.numpy().astype(np.float64)) + 1e-6)
-
-    def fed():
-        if not per:
-            iterator_step(iterator)
-            return
-        keys, td = iterator_step(iterator)
-        client.update_priorities(TABLE, keys.numpy(),
-                                 np.abs(td.numpy().astype(np.float64)) + 1e-6)
-
-    def nothing():
-        pass
-
-    # The floor: make_dataset's way into TensorFlow (a range mapped through one
-    # numpy_function, the small leaves packed, prefetch 2) returning one batch sampled
-    # once, and no priority updates: what tf.data costs with no sampling and no table.
-    flat_spec = tf.nest.flatten(dataset.element_spec)
-    packing = _tf_batches.Packing(flat_spec)
-    fixed = packing.pack([leaf.numpy() for leaf in tf.nest.flatten(const)])
-
-    def to_fixed(index):
-        # (a fresh packed array each call, as make_dataset's: TensorFlow may reuse an
-        # input's memory for an op's output when nothing else holds it)
-        flat = packing.unpack(tf.numpy_function(lambda _: [fixed[0].copy()] + fixed[1:],
-                                                [index], packing.output_dtypes,
-                                                stateful=True))
-        for tensor, leaf_spec in zip(flat, flat_spec):
-            tensor.set_shape(leaf_spec.shape)
-        return tf.nest.pack_sequence_as(dataset.element_spec, flat)
-    floor_iterator = iter(tf.data.Dataset.range(1 << 62).map(to_fixed).prefetch(2))
-    refs.append(floor_iterator)
-
-    @tf.function
-    def floor_step(iterator):
-        train(next(iterator))
-
-    cases = {"constant": (constant_step, nothing), "fed": (fed, nothing),
-             "floor": (lambda: floor_step(floor_iterator), nothing),
-             "constant_arg": (lambda: constant_arg_step(const), nothing)}
-    if per:
-        cases["fed_in_graph"] = (lambda: in_graph_step(in_graph_iterator), nothing)
-        cases["fed_eager_loop"] = (eager_loop, nothing)
-    return cases
 
 
 # --------------------------------------------------------------------------- one row

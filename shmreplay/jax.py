@@ -12,9 +12,13 @@ Import it as ``shmreplay.jax`` (it imports JAX; ``import shmreplay`` does not)::
 A background thread samples the next ``prefetch`` batches and puts them on the device
 while the learner computes on the current one (shmreplay's sampling releases the GIL
 in its native parts, and so does XLA), so the learner rarely waits for data. With
+``prefetch=0`` there is no thread and no transfer of its own: ``next`` samples in the
+learner's thread, which JAX's asynchronous dispatch has freed while the previous step
+computes, and gives the batch as numpy arrays, which the jit-compiled step's own call
+moves to the device (the fastest feed when the device is the CPU itself). With
 ``update_priorities(..., wait=False)`` the learner does not wait for its TD errors
-either: another thread fetches them once the step has computed them and sets the
-priorities, so JAX's asynchronous dispatch keeps the next step queued.
+either: they are applied once the step has computed them (by a thread, or with
+``prefetch=0`` by the learner's later calls), so the next step is dispatched at once.
 """
 
 import queue
@@ -24,14 +28,12 @@ from typing import Any, NamedTuple, Optional
 import jax
 import numpy as np
 
-from shmreplay import _batches
+from shmreplay import _batches, _deferred_updates
+from shmreplay._deferred_updates import MAX_PENDING_UPDATES  # noqa: F401 (documented here)
 from shmreplay.client import Client
 from shmreplay.replay_sample import PaddedSample, SampleInfo
 
 _END = object()
-# Priority updates queued by ``update_priorities(wait=False)`` and not yet applied: a
-# learner that outruns its updates waits for one of them (keeps TD arrays bounded).
-MAX_PENDING_UPDATES = 8
 
 
 class JaxBatch(NamedTuple):
@@ -92,8 +94,13 @@ class BatchIterator:
         rate-limiter credit until it is full).
       device: A ``jax.Device`` (default: ``jax.devices()[0]``).
       prefetch: How many batches the background threads sample ahead of the one last
-        delivered (>= 1, all workers together). Each counts as sampled for the rate
-        limiter when it is taken, as with Reverb's datasets, so keep it small.
+        delivered (all workers together). Each counts as sampled for the rate limiter
+        when it is taken, as with Reverb's datasets, so keep it small. 0: no thread;
+        ``next`` samples the batch in the caller's thread (with JAX's asynchronous
+        dispatch, while the step dispatched before it computes) and leaves it in host
+        memory: ``data``, ``weights`` (and ``lengths``) are numpy arrays, which a
+        jit-compiled step takes as arguments and moves to the device in its own call;
+        updates queued with ``wait=False`` are applied by the learner's later calls.
       importance_beta: If set, each batch carries importance weights
         ``(N * P) ** -beta / max`` (prioritized replay).
       rate_limiter_timeout_ms: Ends the iteration when no batch could be sampled in this
@@ -121,12 +128,15 @@ class BatchIterator:
                  pad_to: Optional[int] = None):
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-        if int(prefetch) != prefetch or prefetch < 1:
-            raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}.")
+        if int(prefetch) != prefetch or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}.")
         if max_batches is not None and max_batches < 0:
             raise ValueError(f"max_batches must be None or >= 0, got {max_batches!r}.")
         if num_workers is not None and (int(num_workers) != num_workers or num_workers < 1):
             raise ValueError(f"num_workers must be None or an integer >= 1, got {num_workers!r}.")
+        if prefetch == 0 and num_workers not in (None, 1):
+            raise ValueError(f"prefetch=0 samples in the caller's thread: num_workers must "
+                             f"be None or 1, got {num_workers!r}.")
         self._client = client if isinstance(client, Client) else Client(client)
         self._owns_client = not isinstance(client, Client)
         engine = self._client._engine(table)  # unknown table: fail now, not in the thread
@@ -150,14 +160,16 @@ class BatchIterator:
         self._running = 0     # workers that have not put their _END yet
         self._threads = []
         self._worker_clients = []
-        # update_priorities(wait=False): a thread applying them in order, made on first use
-        self._updates = None
-        self._updater = None
-        self._update_error = None
-        self._updated = 0     # keys updated by queued updates since the last flush()
+        self._inline = prefetch == 0
+        # update_priorities(wait=False): applied in order by a thread, or inline
+        if self._inline:
+            self._updates = _deferred_updates.InlineUpdates(self._apply)
+        else:
+            self._updates = _deferred_updates.ThreadedUpdates(
+                self._apply, f"shmreplay-jax-{self.table}-priorities")
         # None: one worker now; the first batch's size decides whether a second joins.
-        self._auto_workers = num_workers is None
-        for _ in range(1 if num_workers is None else int(num_workers)):
+        self._auto_workers = num_workers is None and not self._inline
+        for _ in range(0 if self._inline else 1 if num_workers is None else int(num_workers)):
             self._start_worker()
 
     def _start_worker(self):
@@ -230,7 +242,9 @@ class BatchIterator:
         return self
 
     def __next__(self):  # -> JaxBatch, or PaddedJaxBatch for items of any length
-        self._raise_update_error()
+        self._updates.poll()
+        if self._inline:
+            return self._next_inline()
         while not self._done:
             try:
                 item = self._queue.get(timeout=_batches.SLICE)
@@ -250,6 +264,22 @@ class BatchIterator:
             return item
         raise StopIteration
 
+    def _next_inline(self):
+        if self._done or self._stop.is_set() or not self._claim():
+            self._done = True
+            raise StopIteration
+        sample = _batches.full_batch(self._client, self.table, self.batch_size,
+                                     self._timeout, self._stop, self._pad_to)
+        if sample is None:
+            self._done = True
+            raise StopIteration
+        # On the host: a separate transfer here would add a computation per batch to
+        # the device's queue, which cost more than the sampling on a CPU device.
+        weights = None if self._beta is None else sample.info.importance_weights(self._beta)
+        if isinstance(sample, PaddedSample):
+            return PaddedJaxBatch(sample.info, sample.data, weights, sample.lengths)
+        return JaxBatch(sample.info, sample.data, weights)
+
     def update_priorities(self, keys, td_errors, *, exponent: float = 1.0,
                           epsilon: float = 1e-6, wait: bool = True) -> Optional[int]:
         """Sets the sampled items' priorities to ``|td_errors| ** exponent + epsilon``.
@@ -260,12 +290,14 @@ class BatchIterator:
           exponent: Applied to ``|td_errors|`` (1: proportional prioritization).
           epsilon: Keeps every item sampleable.
           wait: True: fetch the errors and update now (this waits for the step that
-            computes them). False: queue the update and return at once; a background
-            thread fetches the errors when the step has computed them and applies the
-            updates in the order given, so the learner's next step is dispatched
-            without waiting (JAX's asynchronous dispatch). At most
-            ``MAX_PENDING_UPDATES`` wait to be applied; beyond that this call waits.
-            ``flush()`` waits until the queued ones are applied.
+            computes them). False: queue the update and return at once, so the
+            learner's next step is dispatched without waiting (JAX's asynchronous
+            dispatch); the updates are applied in the order given once the step has
+            computed their errors: by a background thread, or with ``prefetch=0`` by
+            this iterator's later calls (``next``, ``update_priorities``, ``flush``,
+            ``close``). At most ``MAX_PENDING_UPDATES`` wait to be applied; beyond
+            that this call waits for the oldest. ``flush()`` waits until the queued
+            ones are applied.
 
         Returns:
           How many of the keys were still in the table; None with ``wait=False``
@@ -276,18 +308,11 @@ class BatchIterator:
             a failed update raises from the next call of ``update_priorities``, ``next``
             or ``flush``.
         """
-        self._raise_update_error()
         if wait:
+            self._updates.poll()
             return self._apply(keys, td_errors, exponent, epsilon)
-        with self._lock:
-            if self._updater is None:
-                self._updates = queue.Queue(MAX_PENDING_UPDATES)
-                self._updater = threading.Thread(
-                    target=self._apply_queued, daemon=True,
-                    name=f"shmreplay-jax-{self.table}-priorities")
-                self._updater.start()
         # Keys are copied: a batch's arrays may be reused once the learner drops it.
-        self._updates.put((np.array(keys, dtype=np.uint64), td_errors, exponent, epsilon))
+        self._updates.add((np.array(keys, dtype=np.uint64), td_errors, exponent, epsilon))
         return None
 
     def _apply(self, keys, td_errors, exponent, epsilon) -> int:
@@ -295,24 +320,6 @@ class BatchIterator:
         if exponent != 1.0:
             errors_host = errors_host ** exponent
         return self._client.update_priorities(self.table, keys, errors_host + epsilon)
-
-    def _apply_queued(self):
-        while True:
-            update = self._updates.get()
-            try:
-                if update is None:
-                    return
-                if self._update_error is None:  # after a failure, the rest are dropped
-                    self._updated += self._apply(*update)
-            except BaseException as exc:  # raised to the learner by its next call
-                self._update_error = exc
-            finally:
-                self._updates.task_done()
-
-    def _raise_update_error(self):
-        if self._update_error is not None:
-            exc, self._update_error = self._update_error, None
-            raise exc
 
     def flush(self) -> int:
         """Waits until the updates queued with ``wait=False`` are applied.
@@ -324,19 +331,13 @@ class BatchIterator:
           ShmReplayError: What a queued update raised (the updates queued after it
             were dropped).
         """
-        if self._updates is not None:
-            self._updates.join()
-        self._raise_update_error()
-        updated, self._updated = self._updated, 0
-        return updated
+        return self._updates.flush()
 
     def close(self):
         """Applies the queued priority updates (their errors are dropped; ``flush()``
         first to see them), then stops the threads (batches already sampled are
         dropped)."""
-        if self._updater is not None and self._updater.is_alive():
-            self._updates.put(None)
-            self._updater.join(timeout=5)
+        self._updates.close()
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)

@@ -167,7 +167,8 @@ def test_errors_reach_the_consumer():
     with serve(prioritized()) as client:
         with pytest.raises(errors.TableNotFoundError):
             BatchIterator(client, "nope", 2)
-        for bad in (dict(batch_size=0), dict(batch_size=2, prefetch=0)):
+        for bad in (dict(batch_size=0), dict(batch_size=2, prefetch=-1),
+                    dict(batch_size=2, prefetch=0, num_workers=2)):
             with pytest.raises(ValueError):
                 BatchIterator(client, "p", **bad)
 
@@ -180,12 +181,14 @@ def test_attach_by_name():
         assert len(rows) == 5 and set(rows) <= set(range(5))
 
 
-def test_batches_kept_by_the_learner_stay_intact():
+@pytest.mark.parametrize("prefetch", [3, 0])
+def test_batches_kept_by_the_learner_stay_intact(prefetch):
     # Small batches come from reused results; a batch the learner holds (as jax arrays,
-    # which may alias host memory) must never be refilled by a later one.
+    # which may alias host memory, or with prefetch=0 as the numpy arrays themselves)
+    # must never be refilled by a later one.
     with serve(prioritized()) as client:
         fill(client, "p", 200)
-        with BatchIterator(client, "p", 4, max_batches=40, prefetch=3) as batches:
+        with BatchIterator(client, "p", 4, max_batches=40, prefetch=prefetch) as batches:
             kept = list(batches)
         assert len(kept) == 40
         for batch in kept:
@@ -259,7 +262,7 @@ def test_a_queued_update_that_fails_raises_from_the_next_call():
             batches.flush()  # raised once
             batches.update_priorities(keys, np.full(4, np.inf), wait=False)
             deadline = time.monotonic() + 10
-            while batches._update_error is None and time.monotonic() < deadline:
+            while batches._updates._error is None and time.monotonic() < deadline:
                 time.sleep(0.01)
             with pytest.raises(errors.InvalidPriorityError):
                 next(batches)

@@ -74,7 +74,7 @@ class TrajectoryWriter:
         self._next_uid = None         # the uid of the step being appended
         self._flat = None             # (plan, paths) of the last step's structure
         self._whole_steps = None      # _WholeSteps while steps are whole nests of every field
-        self._parts = StepParts()     # plans of partial steps' structures (open_steps)
+        self._parts = StepParts(self)  # plans of partial steps' structures (open_steps)
         self._history = None          # the cached `history` nest
         self._item_layouts = {}       # a flat dict trajectory's keys -> (keys, treedef, paths)
         self._usual_items = {}        # (table, trajectory's type) -> [_UsualItem]
@@ -106,14 +106,10 @@ class TrajectoryWriter:
             if values is not None:
                 self._push_whole(values, whole)
                 return
-        parts = self._parts
-        found = parts.find(data, self._columns, self._specs)
-        if found is None:
-            found = parts.learn(data, self._columns, self._specs)
-        if found is not None and found[1] is not None:
-            values = convert_values(found[0], found[1].firsts)
-            if values is not None and self._append_part(found[1], values, partial_step):
-                return
+        found = self._parts.find(data) or self._parts.learn(data, self._columns, self._specs)
+        if found is not None and found[1] is not None and self._append_part(
+                found[1], found[0], partial_step):
+            return
         leaves = None
         flat = self._flat
         if flat is not None:
@@ -187,7 +183,7 @@ class TrajectoryWriter:
                 self._root = _merge_structure(self._root, data)
                 self._history = None
                 self._whole_steps = None
-                parts.clear()  # (their plans list every field's history)
+                self._parts.clear()  # (their plans list every field's history)
             ref = _writing.StepRef(uid, episode, path, value)
             if len(column) > position:  # the open step's placeholder
                 column.refs[-1] = ref
@@ -215,18 +211,20 @@ class TrajectoryWriter:
                 [first_values[path] for path in paths])
         self._after_step()
 
-    def _append_part(self, part, values, partial_step: bool) -> bool:
+    def _append_part(self, part, leaves, partial_step: bool) -> bool:
         """``append``'s short path for a step or part of a step of a known structure
         whose fields all have a history (``open_steps.StepPart``); False (nothing done)
-        if a field is already set in the open step (the general path raises)."""
+        if a value needs converting or checking, or a field is already set in the open
+        step (the general path converts, or raises)."""
+        values = convert_values(leaves, part.firsts)
+        if values is None:
+            return False
         step = self._open
         opening = step is None
         if opening:
             step = {}
-        else:
-            for path in part.paths:
-                if path in step:
-                    return False
+        elif not step.keys().isdisjoint(part.paths):
+            return False
         uid = self._next_uid
         if uid is None:
             uid = self._next_uid = next(self._uids)

@@ -297,7 +297,7 @@ def test_the_short_path_leaves_what_the_general_path_leaves(seed, monkeypatch):
     results = []
     for short in (True, False):
         if not short:
-            monkeypatch.setattr(_open_steps.StepParts, "find", lambda *args: None)
+            monkeypatch.setattr(_open_steps.StepParts, "find", lambda self, data: None)
             monkeypatch.setattr(_open_steps.StepParts, "learn", lambda *args: None)
         with serve(_queue(size=1024)) as client:
             writer = client.trajectory_writer(3)

@@ -101,18 +101,22 @@ class TrajectoryColumn:
         Raises:
           RuntimeError: if a reference expired (fell out of ``num_keep_alive_refs``).
         """
-        if any(ref.expired for ref in self._refs):
-            raise RuntimeError(
-                f"TrajectoryColumn{f' {self._path}' if self._path is not None else ''}: a "
-                "data reference expired (older than num_keep_alive_refs).")
-        if self._squeeze:
-            return np.array(self._refs[0].value)  # a copy, as an array
-        values = [ref.value for ref in self._refs]
-        if self._window and values[0].dtype.kind != "O":
-            # One field's values (one dtype and shape): np.array stacks them in a
-            # fraction of np.stack's time (its per-array checks and concatenate).
-            return np.array(values, dtype=values[0].dtype)
-        return np.stack(values)
+        values = []
+        for ref in self._refs:
+            if ref.expired:
+                break
+            values.append(ref.value)
+        else:
+            if self._squeeze:
+                return np.array(values[0])  # a copy, as an array
+            if self._window and values[0].dtype.kind != "O":
+                # One field's values (one dtype and shape): np.array stacks them in a
+                # fraction of np.stack's time (its per-array checks and concatenate).
+                return np.array(values, dtype=values[0].dtype)
+            return np.stack(values)
+        raise RuntimeError(
+            f"TrajectoryColumn{f' {self._path}' if self._path is not None else ''}: a "
+            "data reference expired (older than num_keep_alive_refs).")
 
     def __repr__(self):
         return f"TrajectoryColumn(len={len(self)}, squeeze={self._squeeze}, path={self._path})"

@@ -17,6 +17,8 @@ The cache is only valid for one set of field histories: the writer drops it
 (``end_episode(clear_buffers=True)``).
 """
 
+import weakref
+
 import optree
 
 from shmreplay._schema import nest_plans as _nest_plans
@@ -82,9 +84,12 @@ class StepParts:
     Dicts are looked up by their keys (in their order), other nests by type.
     """
 
-    __slots__ = ("by_key", "refused", "count", "taken")
+    __slots__ = ("writer", "by_key", "refused", "count", "taken")
 
-    def __init__(self):
+    def __init__(self, writer):
+        # (its ``_columns``: field histories; ``_specs``: first values. A weak reference:
+        # a writer that holds no cycle closes when its last reference goes.)
+        self.writer = weakref.ref(writer)
         self.by_key = {}      # tuple(dict) or type -> [[plan, paths, part, bound]]
         self.refused = set()  # treedefs without a plan
         self.count = 0
@@ -96,23 +101,24 @@ class StepParts:
             for entry in entries:
                 entry[3] = False
 
-    def find(self, data, columns, first_values):
-        """``(leaves, part)`` for data of a known structure, else None (``columns``: the
-        writer's ``{path: history}``, ``first_values``: its fields' first values)."""
+    def find(self, data):
+        """``(leaves, part)`` for data of a known structure, else None."""
         entries = self.by_key.get(tuple(data) if type(data) is dict else type(data))
         if entries is not None:
             for entry in entries:
                 leaves = entry[0](data)
                 if leaves is not None:
                     if not entry[3]:
-                        entry[2] = _part(entry[0], entry[1], columns, first_values)
+                        writer = self.writer()
+                        entry[2] = _part(entry[0], entry[1], writer._columns, writer._specs)
                         entry[3] = True
                     return leaves, entry[2]
         return None
 
     def learn(self, data, columns, first_values):
-        """Learns ``data``'s structure; returns ``(leaves, part)`` as ``find`` does, or
-        None if no plan reads it."""
+        """Learns ``data``'s structure (``columns``: the writer's ``{path: history}``,
+        ``first_values``: its fields' first values); returns ``(leaves, part)`` as
+        ``find`` does, or None if no plan reads it."""
         if self.count >= _MAX_PARTS:
             return None
         leaves, treedef = optree.tree_flatten(data, none_is_leaf=False)

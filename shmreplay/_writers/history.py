@@ -109,8 +109,8 @@ class TrajectoryColumn:
         else:
             if self._squeeze:
                 return np.array(values[0])  # a copy, as an array
-            if self._window and values[0].dtype.kind != "O":
-                # One field's values (one dtype and shape): np.array stacks them in a
+            if self._window and values[0].dtype.kind in "biufc":
+                # One field's numbers (one dtype and shape): np.array stacks them in a
                 # fraction of np.stack's time (its per-array checks and concatenate).
                 return np.array(values, dtype=values[0].dtype)
             return np.stack(values)

@@ -18,17 +18,19 @@ import numpy as np
 
 from shmreplay import errors, specs
 from shmreplay._schema import nest_plans as _nest_plans
+from shmreplay._writers import item_columns as _item_columns
 from shmreplay._writers import pending as _pending
 from shmreplay._writers import writing as _writing
-from shmreplay._writers.history import (TrajectoryColumn, _AbsentColumn, _build_history,
-                                        check_value, _ColumnHistory, _merge_structure,
-                                        _named_path)
-from shmreplay._writers.trajectory_shortcuts import PY_DTYPES, _WholeSteps, learn_usual_item
+from shmreplay._writers.history import TrajectoryColumn  # noqa: F401 (Reverb's module has it)
+from shmreplay._writers.history import (_AbsentColumn, _build_history, check_value,
+                                        _ColumnHistory, _merge_structure, _named_path)
+from shmreplay._writers.open_steps import StepParts
+from shmreplay._writers.trajectory_shortcuts import (PY_DTYPES, _WholeSteps, convert_values,
+                                                     learn_usual_item)
 
 _CONTAINERS = (dict, list, tuple, type(None))  # not leaves (None: a skipped field)
 
 
-_ONLY_COLUMNS = {TrajectoryColumn}
 _NO_FLUSH_ON = (errors.DeadlineExceededError, errors.BufferBrokenError, errors.ClosedError)
 
 
@@ -72,6 +74,7 @@ class TrajectoryWriter:
         self._next_uid = None         # the uid of the step being appended
         self._flat = None             # (plan, paths) of the last step's structure
         self._whole_steps = None      # _WholeSteps while steps are whole nests of every field
+        self._parts = StepParts(self)  # plans of partial steps' structures (open_steps)
         self._history = None          # the cached `history` nest
         self._item_layouts = {}       # a flat dict trajectory's keys -> (keys, treedef, paths)
         self._usual_items = {}        # (table, trajectory's type) -> [_UsualItem]
@@ -103,6 +106,10 @@ class TrajectoryWriter:
             if values is not None:
                 self._push_whole(values, whole)
                 return
+        found = self._parts.find(data) or self._parts.learn(data, self._columns, self._specs)
+        if found is not None and found[1] is not None and self._append_part(
+                found[1], found[0], partial_step):
+            return
         leaves = None
         flat = self._flat
         if flat is not None:
@@ -176,6 +183,7 @@ class TrajectoryWriter:
                 self._root = _merge_structure(self._root, data)
                 self._history = None
                 self._whole_steps = None
+                self._parts.clear()  # (their plans list every field's history)
             ref = _writing.StepRef(uid, episode, path, value)
             if len(column) > position:  # the open step's placeholder
                 column.refs[-1] = ref
@@ -202,6 +210,39 @@ class TrajectoryWriter:
                 plan, paths, [columns[path] for path in paths],
                 [first_values[path] for path in paths])
         self._after_step()
+
+    def _append_part(self, part, leaves, partial_step: bool) -> bool:
+        """``append``'s short path for a step or part of a step of a known structure
+        whose fields all have a history (``open_steps.StepPart``); False (nothing done)
+        if a value needs converting or checking, or a field is already set in the open
+        step (the general path converts, or raises)."""
+        values = convert_values(leaves, part.firsts)
+        if values is None:
+            return False
+        step = self._open
+        opening = step is None
+        if opening:
+            step = {}
+        elif not step.keys().isdisjoint(part.paths):
+            return False
+        uid = self._next_uid
+        if uid is None:
+            uid = self._next_uid = next(self._uids)
+        if opening:
+            self._history_steps += 1
+        part.push(values, step, uid, self._episode, opening)
+        self._parts.taken += 1
+        if partial_step:
+            self._open = step
+            return True
+        self._open = None
+        self._next_uid = None
+        self._episode_steps += 1
+        if opening and not part.others and self._whole_steps is None:
+            # A whole step of every field: the next ones may take the whole-step path.
+            self._whole_steps = _WholeSteps(part.plan, part.paths, part.columns, part.firsts)
+        self._after_step()
+        return True
 
     def _push_whole(self, values, whole):
         """``append``'s end for a whole step of ``whole``'s fields (checked values)."""
@@ -300,77 +341,15 @@ class TrajectoryWriter:
         if self._closed:
             raise errors.ClosedError("TrajectoryWriter was closed.")
         if not self._pending:
-            for usual in self._usual_items.get((table, type(trajectory)), ()):
+            usuals = self._usual_items.get((table, type(trajectory)), ())
+            for position, usual in enumerate(usuals):
                 if usual.insert(trajectory, priority):
+                    if position:  # the last one inserted is tried first next time
+                        usuals.insert(0, usuals.pop(position))
                     return
-        known = self._item_layouts.get(tuple(trajectory)) if type(trajectory) is dict else None
-        leaves = None
-        keys = None
-        if known is not None:  # a dict with the keys of an earlier trajectory
-            keys, treedef, paths = known
-            leaves = [trajectory[key] for key in keys]
-            if set(map(type, leaves)) != _ONLY_COLUMNS:
-                leaves = None  # nested, or invalid: the general path explains
-        if leaves is None:
-            leaves, treedef = specs.flatten(trajectory)
-            paths = specs.path_strings(treedef)
-            if len(specs.optree.tree_leaves(trajectory, none_is_leaf=True)) != len(leaves):
-                raise TypeError("create_item: every leaf of the trajectory must be a "
-                                "TrajectoryColumn, got None.")
-            if not leaves:
-                raise ValueError("create_item: the trajectory is empty.")
-            for leaf in leaves:
-                if not isinstance(leaf, TrajectoryColumn):
-                    raise TypeError(
-                        f"create_item: every leaf of the trajectory must be a "
-                        f"TrajectoryColumn, got {type(leaf).__name__}.")
-            keys = _writing.flat_dict_keys(treedef) if type(trajectory) is dict else None
-            if keys is not None:
-                self._item_layouts[tuple(trajectory)] = (keys, treedef, paths)
-        column_refs = []
-        shape = []       # per column: (source field, length, squeeze)
-        episode = leaves[0]._refs[0].episode if leaves[0]._refs else None
-        uids = None      # the steps every column reads, while they all read the same ones
-        window_ends = None  # (first uid, last uid) while every column is a history window
-        for leaf, path in zip(leaves, paths):
-            refs = leaf._refs
-            if leaf._window:
-                # Consecutive steps of one field, oldest first: the oldest expires first
-                # and episodes only grow, so checking the ends checks them all.
-                first, last = refs[0], refs[-1]
-                if not first.expired and first.episode == episode == last.episode:
-                    source = first.path
-                    column_refs.append(refs)
-                    shape.append((source, len(refs), leaf._squeeze))
-                    ends = (first.uid, last.uid)
-                    if uids is None:
-                        uids = [ref.uid for ref in refs]
-                        window_ends = ends
-                    elif ends != window_ends:
-                        uids = False
-                    continue
-            window_ends = False
-            if not refs:
-                raise ValueError(f"create_item: column {path} is empty.")
-            source = refs[0].path
-            for ref in refs:
-                if ref.expired or ref.episode != episode or ref.path != source:
-                    if ref.expired:
-                        raise ValueError(
-                            f"create_item: column {path} references a step older than "
-                            "num_keep_alive_refs (expired).")
-                    if ref.episode != episode:
-                        raise ValueError(
-                            "create_item: the trajectory's references span an episode "
-                            "boundary (an item never crosses end_episode).")
-                    source = None
-            column_refs.append(refs)
-            shape.append((source, len(refs), leaf._squeeze))
-            column_uids = [ref.uid for ref in refs]
-            if uids is None:
-                uids = column_uids
-            elif uids is not False and column_uids != uids:
-                uids = False
+        leaves, treedef, paths = _item_columns.trajectory_columns(self._item_layouts,
+                                                                  trajectory)
+        column_refs, shape, uids, window_ends = _item_columns.check_columns(leaves, paths)
         rows = self._tables.get(table) or self._rows(table)
         prio = _writing.check_priority(rows.engine, priority)
         plan = rows.plans.get((treedef, tuple(shape)))
@@ -454,6 +433,7 @@ class TrajectoryWriter:
                 self._columns = {path: column.emptied()
                                  for path, column in self._columns.items()}
                 self._whole_steps = None
+                self._parts.clear()
                 self._history = None
                 self._history_steps = 0
             self._forget_old_rows()

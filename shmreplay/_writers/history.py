@@ -101,13 +101,22 @@ class TrajectoryColumn:
         Raises:
           RuntimeError: if a reference expired (fell out of ``num_keep_alive_refs``).
         """
-        if any(ref.expired for ref in self._refs):
-            raise RuntimeError(
-                f"TrajectoryColumn{f' {self._path}' if self._path is not None else ''}: a "
-                "data reference expired (older than num_keep_alive_refs).")
-        if self._squeeze:
-            return np.array(self._refs[0].value)  # a copy, as an array
-        return np.stack([ref.value for ref in self._refs])
+        values = []
+        for ref in self._refs:
+            if ref.expired:
+                break
+            values.append(ref.value)
+        else:
+            if self._squeeze:
+                return np.array(values[0])  # a copy, as an array
+            if self._window and values[0].dtype.kind in "biufc":
+                # One field's numbers (one dtype and shape): np.array stacks them in a
+                # fraction of np.stack's time (its per-array checks and concatenate).
+                return np.array(values, dtype=values[0].dtype)
+            return np.stack(values)
+        raise RuntimeError(
+            f"TrajectoryColumn{f' {self._path}' if self._path is not None else ''}: a "
+            "data reference expired (older than num_keep_alive_refs).")
 
     def __repr__(self):
         return f"TrajectoryColumn(len={len(self)}, squeeze={self._squeeze}, path={self._path})"
@@ -216,6 +225,11 @@ class _ColumnHistory:
     def __getitem__(self, index):
         if type(index) is int:
             refs = self.refs
+            if index >= 0:  # a step by its position in the episode (Acme's n-step adder)
+                index -= self.start + len(refs)
+                if index >= 0:
+                    raise IndexError(f"history {self.path}: index {index + len(self)} out of "
+                                     f"range for {len(self)} steps.")
             if -len(refs) <= index < 0:
                 # ``[-k]``, a recent step (Acme's transition adders): as ``ref_at`` reads
                 # it; a single step counts as a window (``TrajectoryColumn._window``).
@@ -252,6 +266,8 @@ class _ColumnHistory:
                 first = index.start + length
             if stride == 1 and first >= start:  # the usual recent window
                 refs = list(itertools.islice(self.refs, first - start, max(first, stop) - start))
+                if refs and None not in refs:  # consecutive steps of this field
+                    return TrajectoryColumn._trusted(refs, False, self.path, window=True)
             else:
                 refs = [None if i < 0 else self.ref_at(i) for i in range(first, stop, stride)]
             return TrajectoryColumn(refs, path=self.path)

@@ -55,28 +55,34 @@ class _WholeSteps:
                     column.expire(old)
 
     def convert(self, leaves):
-        """The step's values (arrays copied, Python scalars as the general path converts
-        them), or None if a value is not a numpy array or scalar, or a Python scalar, of
-        the field's dtype and shape (the general path then converts, or explains)."""
-        values = []
-        for leaf, first in zip(leaves, self.firsts):
-            kind = type(leaf)
-            if kind is np.ndarray:
-                if leaf.shape != first.shape or not (
-                        leaf.dtype is first.dtype or leaf.dtype == first.dtype):
-                    return None
-                values.append(leaf.copy())  # the caller may reuse its array
-            elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
-                  and leaf.dtype == first.dtype):
-                values.append(leaf)  # immutable: kept as is
-            elif kind in PY_DTYPES and first.shape == ():
-                value = np.asarray(leaf, PY_DTYPES[kind])
-                if value.dtype != first.dtype:
-                    return None
-                values.append(value)
-            else:
+        """``convert_values(leaves, self.firsts)``."""
+        return convert_values(leaves, self.firsts)
+
+
+def convert_values(leaves, firsts):
+    """A step's values (arrays copied, Python scalars as the general path converts
+    them), or None if a value is not a numpy array or scalar, or a Python scalar, of
+    its field's dtype and shape (``firsts``: each field's first value); the general
+    path then converts, or explains."""
+    values = []
+    for leaf, first in zip(leaves, firsts):
+        kind = type(leaf)
+        if kind is np.ndarray:
+            if leaf.shape != first.shape or not (
+                    leaf.dtype is first.dtype or leaf.dtype == first.dtype):
                 return None
-        return values
+            values.append(leaf.copy())  # the caller may reuse its array
+        elif (kind in _writing.NUMPY_SCALARS and first.shape == ()
+              and leaf.dtype == first.dtype):
+            values.append(leaf)  # immutable: kept as is
+        elif kind in PY_DTYPES and first.shape == ():
+            value = np.asarray(leaf, PY_DTYPES[kind])
+            if value.dtype != first.dtype:
+                return None
+            values.append(value)
+        else:
+            return None
+    return values
 
 
 class _UsualItem:

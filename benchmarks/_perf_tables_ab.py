@@ -40,7 +40,7 @@ def nests_forms(files):
     groups = _groups(files)
     first = files[0][1]
     forms = [f for f in first["config"]["forms"] if f != "dict"]
-    cases = [c for c in first["results_us"] if c != "TrajectoryWriter items"]
+    cases = [c for c, figures in first["results_us"].items() if "dict" in figures]
     rows = []
     for case in cases:
         for group, runs in groups.items():
@@ -60,6 +60,18 @@ def nests_items(files):
                       for runs in groups.values()] for kind in kinds]
     return _md(["item (÷ window)"] + [f"{g} ({len(r)} runs)" for g, r in groups.items()], rows,
                ["---"] * (len(groups) + 1))
+
+
+def nests_partial(files):
+    """TrajectoryWriter steps appended in parts: µs per step ÷ the whole step's, per run."""
+    rows = []
+    for name, data in files:
+        parts = data["results_us"]["TrajectoryWriter partial steps"]
+        rows.append([name] + [f"{parts[kind]:.2f} ({parts[kind] / parts['whole']:.2f}x)"
+                              for kind in parts])
+    kinds = list(files[0][1]["results_us"]["TrajectoryWriter partial steps"])
+    return _md(["run", *(f"{kind} µs/step (÷ whole)" for kind in kinds)], rows,
+               ["---"] + ["---:"] * len(kinds))
 
 
 def vs_cpprb_forms(files):
@@ -139,6 +151,7 @@ def writers_ab(files):
 
 
 AB_TABLES = {
-    "nests_forms": nests_forms, "nests_items": nests_items, "vs_cpprb_forms": vs_cpprb_forms,
+    "nests_forms": nests_forms, "nests_items": nests_items, "nests_partial": nests_partial,
+    "vs_cpprb_forms": vs_cpprb_forms,
     "vs_cpprb_ab": vs_cpprb_ab, "multiprocess_ab": multiprocess_ab, "writers_ab": writers_ab,
 }

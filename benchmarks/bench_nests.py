@@ -20,10 +20,14 @@ Cases (µs per call; for the writers, per environment step: ``append`` + ``creat
 * writer items (dict steps): ``window`` ``{k: h[k][-3:]}``; ``squeezed``
   ``{k: h[k][-1]}`` (Acme's transition adders); ``mixed`` obs/rew ``[-2:]`` windows with
   squeezed act/done/next_obs; ``n-step`` (n = 3) obs and act at ``[-4]``, rew and done
-  ``[-3:]``, next_obs ``obs[-1]``.
+  ``[-3:]``, next_obs ``obs[-1]``;
+* partial steps (dict steps, an item of ``[-3:]`` windows of every field per step):
+  each step as one ``append`` (``whole``), or as 2 or 3 ``append`` calls of some of its
+  fields, all but the last with ``partial_step=True`` (as Acme's adders append).
 
 Targets: each form within 1.15x of the flat dict in every row; squeezed, mixed and
-n-step items within 1.2x of the window item. Timing: ``_common.time_interleaved`` (the
+n-step items within 1.2x of the window item; steps of 2 and 3 parts within 1.2x of the
+whole step. Timing: ``_common.time_interleaved`` (the
 forms of one row interleaved, median of repeats, GC off).
 
 ``SHMREPLAY_BENCH_CODE=PATH`` imports shmreplay from the checkout at PATH (an A/B against
@@ -53,6 +57,9 @@ FORM_TARGET = 1.15
 ITEM_TARGET = 1.2
 POOL = 64
 N_STEP = 3
+# A step's fields in the parts appended one after the other (the last one not partial).
+PARTS = {"whole": (FIELDS,), "2 parts": (("obs", "next_obs"), ("act", "rew", "done")),
+         "3 parts": (("obs",), ("next_obs", "act"), ("rew", "done"))}
 
 
 def transition(rng, n=None):
@@ -163,6 +170,23 @@ def build_cases(shm, client, rng):
             tw.append(nxt())
             tw.create_item(name, 1.0, make(tw.history))
         row[kind] = item
+    row = rows["TrajectoryWriter partial steps"] = {}
+    for kind, parts in PARTS.items():
+        name = f"partial-{kind.replace(' ', '')}"
+        tw = client.trajectory_writer(3)
+        split = [[({k: d[k] for k in keys}, i < len(parts) - 1) for i, keys in enumerate(parts)]
+                 for d in single]
+        nxt = itertools.cycle(split).__next__
+        for _ in range(2):
+            for data, partial in nxt():
+                tw.append(data, partial_step=partial)
+
+        def stepped(tw=tw, nxt=nxt, name=name):
+            for data, partial in nxt():
+                tw.append(data, partial_step=partial)
+            h = tw.history
+            tw.create_item(name, 1.0, {k: h[k][-3:] for k in FIELDS})
+        row[kind] = stepped
     return rows
 
 
@@ -170,7 +194,8 @@ def table_names():
     names = [f"{form}-{op}-{n}" for op, n in (("insert", 1), ("insert_batch", 11),
                                                ("insert_batch", 101)) for form in FORMS]
     names += [f"{form}-writer" for form in FORMS] + [f"{form}-traj" for form in FORMS]
-    return names + [f"item-{kind}" for kind in ITEMS]
+    return (names + [f"item-{kind}" for kind in ITEMS]
+            + [f"partial-{kind.replace(' ', '')}" for kind in PARTS])
 
 
 def run(args):
@@ -193,7 +218,7 @@ def run(args):
             timed = C.time_interleaved(fns, **timing)
             results[row] = {k: t["median"] * 1e6 for k, t in timed.items()}
             best[row] = {k: t["best"] * 1e6 for k, t in timed.items()}
-            base = "dict" if "dict" in fns else "window"
+            base = "dict" if "dict" in fns else "whole" if "whole" in fns else "window"
             print(f"  {row:24s} " + "  ".join(
                 f"{k} {v:7.2f} ({v / results[row][base]:.2f}x)"
                 for k, v in results[row].items()), flush=True)
@@ -210,15 +235,23 @@ def run(args):
     items = results["TrajectoryWriter items"]
     item_rows = [[kind, f"{us:.2f}", f"{us / items['window']:.2f}x"]
                  for kind, us in items.items()]
+    parts = results["TrajectoryWriter partial steps"]
+    item_rows += [[f"{kind} (per step)", f"{us:.2f}", f"{us / parts['whole']:.2f}x (/ whole)"]
+                  for kind, us in parts.items()]
+
     def worst(figures):
         forms = max(v / f["dict"] for f in figures.values() if "dict" in f for v in f.values())
         items = figures["TrajectoryWriter items"]
-        return forms, max(us / items["window"] for us in items.values())
+        parts = figures["TrajectoryWriter partial steps"]
+        return (forms, max(us / items["window"] for us in items.values()),
+                max(us / parts["whole"] for us in parts.values()))
 
-    (worst_form, worst_item), (best_form, best_item) = worst(results), worst(best)
+    (worst_form, worst_item, worst_part), (best_form, best_item, best_part) = (
+        worst(results), worst(best))
     summary = (f"medians: worst form / flat dict {worst_form:.2f}x (target {FORM_TARGET}x), "
-               f"worst item / window {worst_item:.2f}x (target {ITEM_TARGET}x); best of the "
-               f"repeats: {best_form:.2f}x and {best_item:.2f}x")
+               f"worst item / window {worst_item:.2f}x (target {ITEM_TARGET}x), worst "
+               f"partial step / whole {worst_part:.2f}x (target {ITEM_TARGET}x); best of the "
+               f"repeats: {best_form:.2f}x, {best_item:.2f}x and {best_part:.2f}x")
     print("\n" + C.render_table(headers, table_rows))
     print("\n" + C.render_table(["writer item", "µs per step", "/ window"], item_rows))
     print("\n" + summary)

@@ -15,7 +15,8 @@ in its native parts, and so does XLA), so the learner rarely waits for data. Wit
 ``prefetch=0`` there is no thread and no transfer of its own: ``next`` samples in the
 learner's thread, which JAX's asynchronous dispatch has freed while the previous step
 computes, and gives the batch as numpy arrays, which the jit-compiled step's own call
-moves to the device (the fastest feed when the device is the CPU itself). With
+moves to the device (on a 2-core CPU device it fed as fast as the thread, within the
+noise between runs: docs/performance.md, "Learner feed"). With
 ``update_priorities(..., wait=False)`` the learner does not wait for its TD errors
 either: they are applied once the step has computed them (by a thread, or with
 ``prefetch=0`` by the learner's later calls), so the next step is dispatched at once.
@@ -273,8 +274,8 @@ class BatchIterator:
         if sample is None:
             self._done = True
             raise StopIteration
-        # On the host: a separate transfer here would add a computation per batch to
-        # the device's queue, which cost more than the sampling on a CPU device.
+        # Left on the host: the step's own call moves the arrays, so no separate
+        # transfer (a jitted identity: one more computation per batch) is queued.
         weights = None if self._beta is None else sample.info.importance_weights(self._beta)
         if isinstance(sample, PaddedSample):
             return PaddedJaxBatch(sample.info, sample.data, weights, sample.lengths)

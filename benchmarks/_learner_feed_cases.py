@@ -127,7 +127,7 @@ def jax_cases(client, name, workload, refs):
 def tf_cases(client, name, workload, refs):
     import _learner_models
     import tensorflow as tf
-    from shmreplay import _tf_batches, tf as stf
+    from shmreplay import _tf_packing, tf as stf
     spec = WORKLOADS[workload]
     per = spec["per"]
     train, variables = _learner_models.tf_train(workload)
@@ -175,14 +175,19 @@ def tf_cases(client, name, workload, refs):
             client.update_priorities(TABLE, sample.info.key.numpy(),
                                      np.abs(td.numpy().astype(np.float64)) + 1e-6)
 
-    def fed():
-        if not per:
-            iterator_step(iterator)
-            return
-        keys, td = iterator_step(iterator)
-        client.update_priorities(TABLE, keys.numpy(),
-                                 np.abs(td.numpy().astype(np.float64)) + 1e-6)
+    def feeding(batches):
+        def fed():
+            if not per:
+                iterator_step(batches)
+                return
+            keys, td = iterator_step(batches)
+            client.update_priorities(TABLE, keys.numpy(),
+                                     np.abs(td.numpy().astype(np.float64)) + 1e-6)
+        return fed
 
+    # make_dataset's default against one batch per numpy_function call
+    k1_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"], batches_per_call=1))
+    refs.append(k1_iterator)
     def nothing():
         pass
 
@@ -190,7 +195,7 @@ def tf_cases(client, name, workload, refs):
     # numpy_function, the small leaves packed, prefetch 2) returning one batch sampled
     # once, and no priority updates: what tf.data costs with no sampling and no table.
     flat_spec = tf.nest.flatten(dataset.element_spec)
-    packing = _tf_batches.Packing(flat_spec)
+    packing = _tf_packing.Packing(flat_spec)
     fixed = packing.pack([leaf.numpy() for leaf in tf.nest.flatten(const)])
 
     def to_fixed(index):
@@ -237,7 +242,7 @@ def tf_cases(client, name, workload, refs):
         constant_arg_step(tf.nest.map_structure(np.copy, host_batch))
 
     cases = {"constant": (constant_step, nothing), "host": (host, nothing),
-             "fed": (fed, nothing),
+             "fed": (feeding(iterator), nothing), "fed_k1": (feeding(k1_iterator), nothing),
              "floor": (lambda: floor_step(floor_iterator), nothing),
              "constant_arg": (lambda: constant_arg_step(const), nothing)}
     if len(fixed) == 1:

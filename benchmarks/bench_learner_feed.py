@@ -45,9 +45,12 @@ Fed variants (all in the JSON; the table uses ``fed``):
   ``fed_inline`` and ``floor_inline``: ``fed`` and ``floor`` with ``prefetch=0`` (no
   thread: ``next`` samples in the learner's thread, the updates are applied by its
   later calls);
-* TF: ``fed``: a ``tf.function`` takes the iterator, calls ``next`` and runs the step;
+* TF: ``fed``: a ``tf.function`` takes the iterator of ``make_dataset`` (its default
+  ``batches_per_call``), calls ``next`` and runs the step;
   it returns the keys and TD errors and ``Client.update_priorities`` runs beside it,
   after each call (the tensors are computed by then: ``.numpy()`` is free);
+  ``fed_k1``: the same with ``batches_per_call=1`` (one ``numpy_function`` call per
+  batch);
   ``fed_in_graph``: the same with ``TFClient.update_priorities`` inside the function;
   ``fed_eager_loop``: ``for sample in dataset`` (eager ``next``) with the step taking
   the sample as its argument and the update beside it; ``constant_arg``: the

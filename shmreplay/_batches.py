@@ -141,8 +141,13 @@ def default_parallelism(client, table: str, batch_bytes: int) -> int:
     (uniform, prioritized), else 1, which keeps a FIFO, LIFO or heap table's order."""
     if batch_bytes < PARALLEL_FROM_BYTES:
         return 1
-    sampler = client.server_info()[table].sampler_options
-    return 1 if sampler.get("is_deterministic", True) else 2
+    return 1 if is_deterministic(client, table) else 2
+
+
+def is_deterministic(client, table: str) -> bool:
+    """Whether ``table`` 's sampler takes items in an order (FIFO, LIFO, heap), which
+    sampling ahead or in parallel must keep, rather than at random."""
+    return client.server_info()[table].sampler_options.get("is_deterministic", True)
 
 
 def padded_batch(client, table: str, batch_size: int, timeout, pad_to) -> PaddedSample:

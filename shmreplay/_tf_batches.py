@@ -11,8 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from shmreplay import _batches, _tf_common as common, specs
-from shmreplay._engine import outputs as _outputs
 from shmreplay._tf_items import TrajectoryDataset
+from shmreplay._tf_packing import Packing, default_batches_per_call
 from shmreplay.replay_sample import ReplaySample
 
 
@@ -20,7 +20,7 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                  prefetch_size: int = 2, sequence_length: Optional[int] = None,
                  num_parallel_calls: Optional[int] = None, deterministic: bool = True,
                  rate_limiter_timeout_ms: int = -1, max_batches: int = -1,
-                 pad_to: Optional[int] = None):
+                 pad_to: Optional[int] = None, batches_per_call: Optional[int] = None):
     """A dataset of whole batches, the learner's fast path (Acme's ``make_reverb_dataset``).
 
     Each element is ``ReplaySample`` with ``[batch_size]`` info fields and
@@ -55,6 +55,15 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
       pad_to: Items of any length only: pad their columns to this many steps, so that
         every batch has one shape (a compiled learner's); a longer item raises
         ``InvalidArgumentError`` (a ``ValueError`` from ``Client.sample_batch``).
+      batches_per_call: Batches sampled in one trip from TensorFlow into Python (each
+        its own ``sample_batch`` call), which ``unbatch`` then hands out one by one. A
+        trip costs TensorFlow about as much as sampling a small batch, so for small
+        batches several per trip are faster; but they are all taken when the first is
+        asked for, so with priorities updated each step the last one was drawn up to
+        ``batches_per_call - 1`` updates earlier. None (the default) picks up to 8, as
+        many as fit 256 KiB, for uniform and prioritized tables of fixed shapes, else 1
+        (a FIFO, LIFO or heap table: what is taken ahead is lost with the iterator).
+        1: each batch is sampled when the pipeline asks for it.
 
     Raises:
       ValueError: an argument is out of range, ``sequence_length`` does not match, or
@@ -66,6 +75,10 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
         raise ValueError(f"batch_size must be None or >= 1, got {batch_size}.")
     if num_parallel_calls is not None and num_parallel_calls < 1:
         raise ValueError(f"num_parallel_calls must be None or >= 1, got {num_parallel_calls}.")
+    if batches_per_call is not None and (isinstance(batches_per_call, bool) or int(
+            batches_per_call) != batches_per_call or batches_per_call < 1):
+        raise ValueError(f"make_dataset: batches_per_call must be None or an integer >= 1, "
+                         f"got {batches_per_call!r}.")
     dtypes, shapes = common.table_signature(server_address, table)
     treedef, _, shape_leaves = common.flatten_specs(dtypes, shapes)
     any_length = [bool(shape) and shape[0] is None for shape in shape_leaves]
@@ -100,21 +113,31 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
     spec = ReplaySample(common.info_spec((batch_size,)),
                         common.data_spec(dtypes, shapes, (batch_size,)))
     timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
-    if num_parallel_calls is None:
-        batch_bytes = sum(leaf.shape.num_elements() * leaf.dtype.size
-                          for leaf in tf.nest.flatten(spec.data)
+    padded = any(any_length)
+    if batches_per_call not in (None, 1) and padded:
+        raise ValueError(
+            f"make_dataset: batches_per_call={batches_per_call} needs items of fixed shapes; "
+            f"table '{table}' holds items of any length, whose batches differ in shape: "
+            "leave batches_per_call out.")
+    if num_parallel_calls is None or batches_per_call is None:
+        flat_spec = tf.nest.flatten(spec)
+        batch_bytes = sum(leaf.shape.num_elements() * leaf.dtype.size for leaf in flat_spec
                           if leaf.shape.is_fully_defined())  # (any length: a lower bound)
         client = common.connect(server_address)
         try:
-            num_parallel_calls = _batches.default_parallelism(client, table, batch_bytes)
+            if num_parallel_calls is None:
+                num_parallel_calls = _batches.default_parallelism(client, table, batch_bytes)
+            if batches_per_call is None:
+                batches_per_call = 1 if padded else default_batches_per_call(
+                    batch_bytes, _batches.is_deterministic(client, table))
         finally:
             client.close()
-    if any(any_length):
+    if padded:
         spec = (spec, tf.nest.map_structure(
             lambda _: tf.TensorSpec((batch_size,), tf.int64), spec.data))
     return _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches,
                           num_parallel_calls, deterministic, prefetch_size, pad_to,
-                          fixed_length)
+                          fixed_length, batches_per_call)
 
 
 def _check_pad_to(table, pad_to, batch_size, any_length, sequence_length):
@@ -136,7 +159,7 @@ def _check_pad_to(table, pad_to, batch_size, any_length, sequence_length):
 
 def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches,
                    num_parallel_calls, deterministic, prefetch_size, pad_to=None,
-                   fixed_length=None):
+                   fixed_length=None, batches_per_call=1):
     """``make_dataset`` 's batches: ``range`` mapped through ``tf.numpy_function``.
 
     Not ``from_generator``: it converts every leaf in Python and copied the arrays; a
@@ -144,6 +167,8 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     ``shmreplay._engine.outputs``) without copying, and runs ``num_parallel_calls`` calls at
     once, so that one call's copy (outside the GIL) overlaps another's Python work. On
     the benchmark machine this took 256 Atari frames from 3,470 to about 700 us a batch.
+    With ``batches_per_call`` above 1 each call brings that many batches as rows (fixed
+    shapes only, see ``shmreplay._tf_packing``), and ``unbatch`` hands them out.
     ``max_batches`` bounds the ``range``, so no batch is sampled and thrown away.
     ``spec`` is ``(ReplaySample spec, lengths spec)`` for items of any length.
     """
@@ -154,6 +179,15 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
     # Fixed shapes: the small leaves travel packed in one uint8 array (see Packing).
     packing = (Packing(flat_spec) if not padded and all(
         leaf_spec.shape.is_fully_defined() for leaf_spec in flat_spec) else None)
+    rows = batches_per_call > 1  # (make_dataset allows it for fixed shapes only)
+
+    def leaves_of(sample):
+        leaves = tf.nest.flatten(sample)
+        if padded:
+            leaves += tf.nest.flatten(sample.lengths)
+        elif fixed_length is not None:
+            _check_fixed_length(table, sample, fixed_length)
+        return leaves
 
     def fetch(_):
         with clients.borrow() as client:
@@ -162,29 +196,40 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
             empty = [np.zeros([d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype)
                      for s in flat_spec]
             return [False] + (empty if packing is None else packing.pack(empty))
-        leaves = tf.nest.flatten(sample)
-        if padded:
-            leaves += tf.nest.flatten(sample.lengths)
-        elif fixed_length is not None:
-            _check_fixed_length(table, sample, fixed_length)
+        leaves = leaves_of(sample)
         if packing is not None:
             leaves = packing.pack(leaves)
         return [True] + leaves if ends else leaves
 
+    def fetch_rows(index):
+        count = batches_per_call if max_batches < 0 else min(
+            batches_per_call, max_batches - int(index) * batches_per_call)
+        batches = []
+        with clients.borrow() as client:
+            while len(batches) < count:
+                sample = _batches.full_batch(client, table, batch_size, timeout)
+                if sample is None:  # (the batches before it are still handed out)
+                    break
+                batches.append(leaves_of(sample))
+        outputs = packing.pack_rows(batches)
+        return [bool(batches)] + outputs if ends else outputs
+
     def to_sample(index):
         leaf_types = ([s.dtype for s in flat_spec] if packing is None
                       else packing.output_dtypes)
-        flat = tf.numpy_function(fetch, [index], ([tf.bool] if ends else []) + leaf_types,
-                                 stateful=True)
+        flat = tf.numpy_function(fetch_rows if rows else fetch, [index],
+                                 ([tf.bool] if ends else []) + leaf_types, stateful=True)
         leaves = flat[1:] if ends else flat
         if packing is not None:
-            leaves = packing.unpack(leaves)
+            leaves = packing.unpack(leaves, rows=rows)
         for tensor, leaf_spec in zip(leaves, flat_spec):
-            tensor.set_shape(leaf_spec.shape)
+            tensor.set_shape(([None] if rows else []) + leaf_spec.shape.as_list())
         sample = tf.nest.pack_sequence_as(spec, leaves)
         return (flat[0], sample) if ends else sample
 
-    indices = tf.data.Dataset.range(max_batches if max_batches >= 0 else np.iinfo(np.int64).max)
+    calls = (np.iinfo(np.int64).max if max_batches < 0
+             else -(-max_batches // batches_per_call))
+    indices = tf.data.Dataset.range(calls)
     if num_parallel_calls > 1:
         dataset = indices.map(to_sample, num_parallel_calls=num_parallel_calls,
                               deterministic=deterministic)
@@ -192,75 +237,9 @@ def _batch_dataset(server_address, table, batch_size, spec, timeout, max_batches
         dataset = indices.map(to_sample)
     if ends:
         dataset = dataset.take_while(_is_ok).map(_drop_ok)
+    if rows:
+        dataset = dataset.unbatch()
     return common.no_lookahead(dataset.prefetch(prefetch_size) if prefetch_size > 0 else dataset)
-
-
-class Packing:
-    """How a batch's leaves cross ``tf.numpy_function``: the small ones in one array.
-
-    Each output of a ``numpy_function`` costs TensorFlow a conversion (checks, a tensor
-    made, a copy when the array is not 64-byte aligned), per batch: for a batch of
-    transitions (5 info fields and 5 columns) the outputs cost more than the sampling.
-    So the leaves below ``_outputs.POOL_FROM`` bytes of a numeric dtype are copied into
-    one uint8 array, each at a 64-byte aligned offset, and taken apart in the graph
-    (a slice and a bitcast each). Larger leaves, which come aligned from the engine's
-    pool, pass as they are, without a copy. Fixed shapes only (the offsets are fixed).
-    """
-
-    def __init__(self, flat_spec):
-        self.specs = flat_spec
-        self.layouts = [(spec.dtype.as_numpy_dtype, tuple(spec.shape.as_list()))
-                        for spec in flat_spec]
-        self.offsets = []  # per leaf: its byte offset in the packed array, or None
-        size = 0
-        for spec in flat_spec:
-            nbytes = spec.shape.num_elements() * spec.dtype.size
-            if (spec.dtype.is_numpy_compatible and spec.dtype != tf.bool
-                    and (spec.dtype.is_integer or spec.dtype.is_floating)
-                    and nbytes < _outputs.POOL_FROM):
-                self.offsets.append(size)
-                size += -(-nbytes // _outputs.ALIGN) * _outputs.ALIGN
-            else:
-                self.offsets.append(None)
-        self.size = size
-        self.output_dtypes = [tf.uint8] + [spec.dtype for spec, offset
-                                           in zip(flat_spec, self.offsets) if offset is None]
-
-    def pack(self, leaves):
-        """``[packed uint8 array] + the leaves not packed``, in order."""
-        raw = np.empty(self.size + _outputs.ALIGN, np.uint8)
-        start = -raw.ctypes.data % _outputs.ALIGN  # (aligned: TensorFlow takes it as is)
-        packed = raw[start:start + self.size]
-        rest = []
-        for index, (leaf, offset) in enumerate(zip(leaves, self.offsets)):
-            if offset is None:
-                rest.append(leaf)
-                continue
-            dtype, shape = self.layouts[index]
-            if leaf.dtype != dtype or leaf.shape != shape:  # (never reinterpret bytes)
-                raise ValueError(
-                    f"make_dataset: leaf {index} of the batch is {leaf.dtype}{list(leaf.shape)}, "
-                    f"the dataset's spec says {np.dtype(dtype)}{list(shape)}.")
-            packed[offset:offset + leaf.nbytes] = np.ascontiguousarray(leaf).reshape(-1).view(
-                np.uint8)
-        return [packed] + rest
-
-    def unpack(self, outputs):
-        """The leaves (tensors) from ``outputs`` of the ``numpy_function``."""
-        packed, rest = outputs[0], iter(outputs[1:])
-        leaves = []
-        for spec, offset in zip(self.specs, self.offsets):
-            if offset is None:
-                leaves.append(next(rest))
-                continue
-            count, itemsize = spec.shape.num_elements(), spec.dtype.size
-            piece = packed[offset:offset + count * itemsize]
-            if itemsize > 1:
-                piece = tf.reshape(piece, [count, itemsize])
-            if spec.dtype != tf.uint8:
-                piece = tf.bitcast(piece, spec.dtype)
-            leaves.append(tf.reshape(piece, spec.shape))
-        return leaves
 
 
 def _check_fixed_length(table, sample, fixed_length):

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import shmreplay
-from shmreplay import _tf_batches, rate_limiters, selectors
+from shmreplay import _tf_packing, rate_limiters, selectors
 from shmreplay import tf as shmreplay_tf
 import _names
 
@@ -42,7 +42,7 @@ def spec_of(sample):
 def test_small_numeric_leaves_cross_as_one_array_and_come_back_exact():
     batch = {key: np.stack([item(i)[key] for i in range(4)]) for key in item(0)}
     leaves = tf.nest.flatten(batch)
-    packing = _tf_batches.Packing(spec_of(batch))
+    packing = _tf_packing.Packing(spec_of(batch))
     # one packed array, then the bool and the wide leaf as they are
     assert packing.output_dtypes == [tf.uint8, tf.bool, tf.float32]
     outputs = packing.pack(leaves)
@@ -56,7 +56,7 @@ def test_small_numeric_leaves_cross_as_one_array_and_come_back_exact():
 
 def test_packing_refuses_a_leaf_of_another_dtype_or_shape():
     batch = {"a": np.zeros((4, 2), np.float32), "b": np.zeros(4, np.int32)}
-    packing = _tf_batches.Packing(spec_of(batch))
+    packing = _tf_packing.Packing(spec_of(batch))
     with pytest.raises(ValueError, match="leaf 1 .* int64.*int32"):
         packing.pack([batch["a"], batch["b"].astype(np.int64)])
     with pytest.raises(ValueError, match="leaf 0"):
@@ -68,8 +68,8 @@ def test_packing_refuses_a_leaf_of_another_dtype_or_shape():
 
 def test_make_dataset_packs_and_every_leaf_keeps_its_item(monkeypatch):
     calls = []
-    pack = _tf_batches.Packing.pack
-    monkeypatch.setattr(_tf_batches.Packing, "pack",
+    pack = _tf_packing.Packing.pack
+    monkeypatch.setattr(_tf_packing.Packing, "pack",
                         lambda self, leaves: calls.append(1) or pack(self, leaves))
     table = shmreplay.Table("u", selectors.Uniform(), selectors.Fifo(), 40,
                             rate_limiters.MinSize(1))

@@ -23,7 +23,9 @@ Rows (issue 20, second half):
 Each row runs in its own process (JAX and TensorFlow never share one). Within it,
 ``--rounds`` rounds alternate constant and fed (the order flips each round), each
 ``--seconds`` long (three times that for atari, a few steps a second on a busy
-2-core machine) after a warm-up; steps/s of every round are kept, and the table's
+2-core machine) after a warm-up and, each time, ``LEAD_STEPS`` untimed steps (so a
+fed case does not start with batches its feed prepared while other cases ran); steps/s
+of every round are kept, and the table's
 figures are medians over rounds. The constant JAX loop never waits for a step's result
 (the fastest a JAX learner can go); the fed one does whatever the feed needs.
 
@@ -83,7 +85,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import _learner_feed_reverb as RV  # noqa: E402
 from _learner_feed_cases import TABLE, jax_cases, tf_cases  # noqa: E402
-from _learner_timing import alternate  # noqa: E402
+from _learner_timing import LEAD_STEPS, alternate  # noqa: E402
 from _learner_models import WORKLOADS, make_items  # noqa: E402
 
 # --------------------------------------------------------------------------- items
@@ -256,9 +258,10 @@ def report(rows, info, args):
                       f"{m['fed']:,.1f}", f"{row['ratio']['fed']:.2f}",
                       f"{cpu_us(row, 'constant') / 1e3:.2f} / {cpu_us(row, 'fed') / 1e3:.2f}"])
     notes = [f"{args.rounds} rounds of {args.seconds} s per case (atari: "
-             f"{args.seconds * WORKLOADS['atari']['time']} s), the cases alternating; steps/s: "
-             "medians over rounds; ratio: the median over rounds of fed / constant in the "
-             "same round; CPU: the whole process's (all threads) per step, median",
+             f"{args.seconds * WORKLOADS['atari']['time']} s), the cases alternating, each "
+             f"after {LEAD_STEPS} untimed steps; steps/s: medians over rounds; ratio: the "
+             "median over rounds of fed / constant in the same round; CPU: the whole "
+             "process's (all threads) per step, median",
              f"actor (rows 'on'): single inserts at {args.actor_rate:.0f}/s in a spawned "
              "process, running while both constant and fed are measured",
              "rows 'Reverb': the same step fed by Reverb's `TrajectoryDataset` (batched, "

@@ -61,7 +61,7 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
         batches several per trip are faster; but they are all taken when the first is
         asked for, so with priorities updated each step the last one was drawn up to
         ``batches_per_call - 1`` updates earlier. None (the default) picks up to 8, as
-        many as fit 256 KiB, for uniform and prioritized tables of fixed shapes, else 1
+        many as fit 512 KiB, for uniform and prioritized tables of fixed shapes, else 1
         (a FIFO, LIFO or heap table: what is taken ahead is lost with the iterator).
         1: each batch is sampled when the pipeline asks for it.
 

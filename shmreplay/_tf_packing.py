@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from shmreplay._engine import outputs as _outputs
 
-BLOCK_BYTES = 1 << 18  # a call carries up to this many bytes of batches ...
+BLOCK_BYTES = 1 << 19  # a call carries up to this many bytes of batches ...
 MAX_BATCHES_PER_CALL = 8  # ... and at most this many batches
 
 

@@ -71,13 +71,13 @@ def test_default_is_several_for_small_random_batches_and_one_for_queues(trips):
         for i in range(60):
             client.insert(item(i), {"p": 1.0, "q": 1.0})
         list(shmreplay_tf.make_dataset(name, "p", 2, max_batches=8))
-        assert trips == [8]  # 2 items of 32 bytes and their info: 8 fit 256 KiB
+        assert trips == [8]  # 2 items of 32 bytes and their info: 8 fit 512 KiB
         trips.clear()
         fifo = list(shmreplay_tf.make_dataset(name, "q", 2, max_batches=5))
         assert trips == []  # one batch per trip: the order, and no batch taken ahead
         assert [check_items(b, 2).tolist() for b in fifo] == [[0, 1], [2, 3], [4, 5],
                                                               [6, 7], [8, 9]]
-        # batches of 256 KiB or more: one per trip
+        # batches of 512 KiB or more: one per trip
         assert _tf_packing.default_batches_per_call(_tf_packing.BLOCK_BYTES, False) == 1
         assert _tf_packing.default_batches_per_call(_tf_packing.BLOCK_BYTES // 3, False) == 3
 

@@ -243,6 +243,7 @@ def tf_cases(client, name, workload, refs):
 
     cases = {"constant": (constant_step, nothing), "host": (host, nothing),
              "fed": (feeding(iterator), nothing), "fed_k1": (feeding(k1_iterator), nothing),
+             "fed_no_update": (lambda: iterator_step(iterator), nothing),
              "floor": (lambda: floor_step(floor_iterator), nothing),
              "constant_arg": (lambda: constant_arg_step(const), nothing)}
     if len(fixed) == 1:

@@ -52,7 +52,7 @@ Fed variants (all in the JSON; the table uses ``fed``):
   it returns the keys and TD errors and ``Client.update_priorities`` runs beside it,
   after each call (the tensors are computed by then: ``.numpy()`` is free);
   ``fed_k1``: the same with ``batches_per_call=1`` (one ``numpy_function`` call per
-  batch);
+  batch); ``fed_no_update``: ``fed`` without the priority updates (what they cost);
   ``fed_in_graph``: the same with ``TFClient.update_priorities`` inside the function;
   ``fed_eager_loop``: ``for sample in dataset`` (eager ``next``) with the step taking
   the sample as its argument and the update beside it; ``constant_arg``: the

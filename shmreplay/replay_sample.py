@@ -83,6 +83,32 @@ class SampleInfo(NamedTuple):
         return cls(*(np.dtype(INFO_DTYPES[f]) for f in cls._fields))
 
 
+class BatchInfo(SampleInfo):
+    """The ``SampleInfo`` of a reused small batch (``shmreplay._engine.batch_outputs``):
+    a ``SampleInfo`` in every way (its repr and pickle say so), whose
+    ``importance_weights`` may hand out the weights the sampling call already computed
+    (when a learner asks for the same ``beta`` at every step): the same values, in an
+    array of the batch's memory that only that call gets."""
+
+    _weights = None  # its ``FusedWeights`` (None: as SampleInfo; e.g. after ``_replace``)
+
+    def importance_weights(self, beta: float, normalize: bool = True) -> np.ndarray:
+        fused = self._weights
+        if fused is not None:
+            weights = fused.take(beta, normalize)
+            if weights is not None:
+                return weights
+        return SampleInfo.importance_weights(self, beta, normalize)
+
+    importance_weights.__doc__ = SampleInfo.importance_weights.__doc__
+
+    def __repr__(self):
+        return repr(SampleInfo._make(self))
+
+    def __reduce__(self):
+        return SampleInfo, tuple(self)
+
+
 class ReplaySample(NamedTuple):
     """One sampled item (or batch): ``info`` is a ``SampleInfo``, ``data`` the item's nest."""
 

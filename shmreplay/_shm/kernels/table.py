@@ -19,7 +19,8 @@ from shmreplay._shm.kernels.locking import (
     BROKEN, wake_all, rate_check, wait, unwait, wait_for_items)
 from shmreplay._shm.kernels.views import (
     TABLE_CTRL, TABLE_FCTRL, TABLE_META, TABLE_TREES, TABLE_CAPACITY, TABLE_TREE_LENGTH,
-    TABLE_STAMP, TABLE_FIELDS, TABLE_WEIGH_BETA, TABLE_WEIGH_NORMALIZE)
+    TABLE_STAMP, TABLE_FIELDS, TABLE_WEIGH_BETA, TABLE_WEIGH_NORMALIZE, TABLE_LARGEST,
+    TABLE_SCRATCH, TABLE_SCRATCH_KEYS)
 from shmreplay._shm.kernels.inserting import (
     reserve, commit, reserve_one, reserve_item, commit_one, insert_staged, cancel, release_drained,
     reserve_whole, commit_whole, ascending_run)
@@ -48,4 +49,5 @@ __all__ = [
     "OUT_PRIORITY", "OUT_PROBABILITY", "OUT_SLOT", "OUT_TABLE_SIZE", "OUT_TIMES", "OUT_VERSION",
     "TABLE_CAPACITY", "TABLE_CTRL", "TABLE_FCTRL", "TABLE_FIELDS", "TABLE_META", "TABLE_STAMP",
     "TABLE_TREES", "TABLE_TREE_LENGTH", "TABLE_WEIGH_BETA", "TABLE_WEIGH_NORMALIZE",
+    "TABLE_LARGEST", "TABLE_SCRATCH", "TABLE_SCRATCH_KEYS",
 ]

@@ -162,3 +162,29 @@ def test_large_batches_take_the_general_path():
             weights = sample.info.importance_weights(0.5)
             assert not _fused(sample, weights)
             np.testing.assert_array_equal(weights, _unfused(sample.info, 0.5, True))
+
+
+def test_threads_sharing_a_handle_get_their_own_batches_weights():
+    import threading
+    rng = np.random.default_rng(7)
+    with _server(500, 0.6, "fusedthreads") as server, shmreplay.Client(server.name) as client:
+        _fill(client, 500, rng)
+        failures = []
+
+        def learner():
+            try:
+                for _ in range(300):
+                    sample = client.sample_batch("t", 4)
+                    weights = sample.info.importance_weights(0.5)
+                    expected = _unfused(sample.info, 0.5, True)
+                    if not np.array_equal(weights, expected):
+                        failures.append((weights.copy(), expected))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=learner) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not failures, failures[:3]

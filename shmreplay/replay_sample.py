@@ -15,6 +15,7 @@ INFO_DTYPES = {
 
 
 _weights_kernel = None
+_NAN = float("nan")
 _FLOAT32, _FLOAT64, _INT64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 
 
@@ -95,9 +96,16 @@ class BatchInfo(SampleInfo):
     def importance_weights(self, beta: float, normalize: bool = True) -> np.ndarray:
         fused = self._weights
         if fused is not None:
-            weights = fused.take(beta, normalize)
-            if weights is not None:
-                return weights
+            # (``FusedWeights.take``, inline: a learner calls this at every step)
+            weighed = fused._weighed
+            try:
+                hit = weighed[0] == beta and weighed[1] == (1.0 if normalize else 0.0)
+            except ValueError:  # (arrays: the general path says what is wrong)
+                hit = False
+            if hit:
+                weighed[0] = _NAN  # (a second call gets a new array)
+                return fused._weights
+            fused._weighing.asked(beta, normalize)
         return SampleInfo.importance_weights(self, beta, normalize)
 
     importance_weights.__doc__ = SampleInfo.importance_weights.__doc__

@@ -151,6 +151,16 @@ def test_bad_betas_raise_as_before():
         with pytest.raises(TypeError):
             info.importance_weights(None)
         assert np.isnan(info.importance_weights(float("nan"))).all()
+        with pytest.raises(TypeError):
+            info.importance_weights(np.array([0.5, 0.6]))
+        with pytest.raises(ValueError):
+            info.importance_weights(0.5, normalize=np.array([True, False]))
+        # A beta of another numeric type is the same beta.
+        for _ in range(3):
+            sample = client.sample_batch("t", 4)
+            weights = sample.info.importance_weights(np.float32(0.5))
+        assert _fused(sample, weights)
+        np.testing.assert_array_equal(weights, _unfused(sample.info, np.float32(0.5), True))
 
 
 def test_large_batches_take_the_general_path():

@@ -223,27 +223,36 @@ class Weighing:
     offsets (``kernels.TABLE_WEIGH_*``), which every ``sample_gather`` reads.
     """
 
-    __slots__ = ("_beta", "_normalize", "_last")
+    __slots__ = ("_beta", "_normalize", "_last_beta", "_last_normalize", "_on")
 
     def __init__(self, table_offsets):
         self._beta = memoryview(table_offsets[kernels.TABLE_WEIGH_BETA:
                                               kernels.TABLE_WEIGH_BETA + 1].view(np.float64))
         self._normalize = memoryview(table_offsets[kernels.TABLE_WEIGH_NORMALIZE:
                                                    kernels.TABLE_WEIGH_NORMALIZE + 1])
-        self._last = None
+        self._normalize[0] = -1  # (off until asked twice: a handle mapped again starts so)
+        self._last_beta = self._last_normalize = None
+        self._on = False
 
     def asked(self, beta, normalize):
-        """A call asked for weights the batch did not come with."""
-        try:
-            pair = (float(beta), 1 if normalize else 0)
-        except (TypeError, ValueError):
-            return  # (the general path raises)
-        if pair == self._last and pair[0] == pair[0]:  # (NaN: never)
-            self._beta[0] = pair[0]
-            self._normalize[0] = pair[1]
+        """A call asked for weights the batch did not come with (the path of every call
+        when beta is annealed: kept short)."""
+        if type(beta) is not float:
+            try:
+                beta = float(beta)
+            except (TypeError, ValueError):
+                return  # (the general path raises)
+        normalize = 1 if normalize else 0
+        if beta == self._last_beta and normalize == self._last_normalize:  # (NaN: never)
+            self._beta[0] = beta
+            self._normalize[0] = normalize
+            self._on = True
         else:
-            self._normalize[0] = -1
-            self._last = pair
+            if self._on:
+                self._normalize[0] = -1
+                self._on = False
+            self._last_beta = beta
+            self._last_normalize = normalize
 
 
 class FusedWeights:

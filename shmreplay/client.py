@@ -315,7 +315,9 @@ class Client:
                 raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
             batch_size = int(batch_size)
         try:
-            return self._engine(table, timeout).sample(batch_size, timeout)
+            buffer = self._buffer  # (``_engine`` inline: a learner calls this at every step)
+            engine = None if buffer is None else buffer.by_name.get(table)
+            return (engine or self._engine(table, timeout)).sample(batch_size, timeout)
         except errors.LayoutResetError:
             return _after_layout_reset(self._engine(table).sample, batch_size, timeout)
         except Exception as exc:
@@ -393,7 +395,8 @@ class Client:
           How many keys were found and updated (evicted items are ignored).
         """
         try:  # (inline: a learner calls this at every step)
-            engine = self._engine(table)
+            buffer = self._buffer
+            engine = (None if buffer is None else buffer.by_name.get(table)) or self._engine(table)
             if (type(keys) is np.ndarray and keys.dtype is _UINT64 and keys.ndim == 1
                     and type(priorities) is np.ndarray and priorities.dtype is _FLOAT64
                     and priorities.shape == keys.shape and engine.whole_items):

@@ -15,6 +15,7 @@ INFO_DTYPES = {
 
 
 _weights_kernel = None
+_NAN = float("nan")
 _FLOAT32, _FLOAT64, _INT64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 
 
@@ -81,6 +82,39 @@ class SampleInfo(NamedTuple):
     def dtypes(cls):
         """The numpy dtype of each field."""
         return cls(*(np.dtype(INFO_DTYPES[f]) for f in cls._fields))
+
+
+class BatchInfo(SampleInfo):
+    """The ``SampleInfo`` of a reused small batch (``shmreplay._engine.batch_outputs``):
+    a ``SampleInfo`` in every way (its repr and pickle say so), whose
+    ``importance_weights`` may hand out the weights the sampling call already computed
+    (when a learner asks for the same ``beta`` at every step): the same values, in an
+    array of the batch's memory that only that call gets."""
+
+    _weights = None  # its ``FusedWeights`` (None: as SampleInfo; e.g. after ``_replace``)
+
+    def importance_weights(self, beta: float, normalize: bool = True) -> np.ndarray:
+        fused = self._weights
+        if fused is not None:
+            # (``FusedWeights.take``, inline: a learner calls this at every step)
+            weighed = fused._weighed
+            try:
+                hit = weighed[0] == beta and weighed[1] == (1.0 if normalize else 0.0)
+            except ValueError:  # (arrays: the general path says what is wrong)
+                hit = False
+            if hit:
+                weighed[0] = _NAN  # (a second call gets a new array)
+                return fused._weights
+            fused._weighing.asked(beta, normalize)
+        return SampleInfo.importance_weights(self, beta, normalize)
+
+    importance_weights.__doc__ = SampleInfo.importance_weights.__doc__
+
+    def __repr__(self):
+        return repr(SampleInfo._make(self))
+
+    def __reduce__(self):
+        return SampleInfo, tuple(self)
 
 
 class ReplaySample(NamedTuple):

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from shmreplay._shm.kernels import table as kernels
-from shmreplay.replay_sample import ReplaySample, SampleInfo
+from shmreplay.replay_sample import BatchInfo, ReplaySample, SampleInfo
 
 REUSE_BELOW = 1 << 18
 # Results kept per batch size: a loop that holds its last batch while sampling the next
@@ -57,14 +57,16 @@ class BatchOutputs:
     """
 
     __slots__ = ("block", "layout", "out_i", "out_f", "times", "torn", "io", "gens", "info",
-                 "leaves", "pool", "_unflatten", "_flat", "_exposed", "_idle")
+                 "leaves", "pool", "_unflatten", "_flat", "_exposed", "_idle", "_weighed")
 
-    def __init__(self, batch_size: int, column_specs, stores, unflatten):
+    def __init__(self, batch_size: int, column_specs, stores, unflatten, weighing=None):
         shapes = [((kernels.OUT_INT_ROWS, batch_size), np.dtype(np.int64)),
                   ((kernels.OUT_FLOAT_ROWS, batch_size), np.dtype(np.float64)),
                   ((batch_size,), np.dtype(np.int32)),
                   ((batch_size,), np.dtype(np.int64)),
-                  ((kernels.GATHER_IO,), np.dtype(np.int64))]
+                  ((kernels.GATHER_IO,), np.dtype(np.int64)),
+                  ((batch_size,), np.dtype(np.float32)),
+                  ((2,), np.dtype(np.float64))]
         shapes += [((batch_size,) + tuple(spec.shape), np.dtype(spec.dtype))
                    for spec in column_specs]
         starts, end = [], 0
@@ -80,15 +82,24 @@ class BatchOutputs:
         self.layout = np.array(starts[:kernels.LAYOUT_COLUMNS] + [
             number for start, store in zip(columns, stores) for number in (start, *store)],
             np.int64)
-        self.out_i, self.out_f, self.times, self.torn, self.io = views[:kernels.LAYOUT_COLUMNS]
+        (self.out_i, self.out_f, self.times, self.torn, self.io, weights,
+         weighed) = views[:kernels.LAYOUT_COLUMNS]
         self.leaves = views[kernels.LAYOUT_COLUMNS:]
         del views  # (it would count as a reference in ``_idle``)
+        weighed[0] = np.nan
         self.gens = np.empty((batch_size, 0), np.int32)
-        self.info = SampleInfo(self.out_i[kernels.OUT_KEY].view(np.uint64),
-                               self.out_f[kernels.OUT_PROBABILITY],
-                               self.out_i[kernels.OUT_TABLE_SIZE],
-                               self.out_f[kernels.OUT_PRIORITY], self.times)
-        self._exposed = (self.block, self.info) + tuple(self.info) + tuple(self.leaves)
+        self.info = _new_tuple(BatchInfo, (self.out_i[kernels.OUT_KEY].view(np.uint64),
+                                           self.out_f[kernels.OUT_PROBABILITY],
+                                           self.out_i[kernels.OUT_TABLE_SIZE],
+                                           self.out_f[kernels.OUT_PRIORITY], self.times))
+        if weighing is not None:
+            self.info._weights = FusedWeights(weights, weighed, weighing)
+        self._weighed = weighed  # (kept: its reference to the block is counted as idle)
+        del weighed
+        # (``weights`` is handed out by ``importance_weights``: counted like the others)
+        self._exposed = ((self.block, self.info) + tuple(self.info) + tuple(self.leaves)
+                         + (weights,))
+        del weights
         # A flat dict nest is copied (a new dict each time: the caller may change it);
         # other nests are rebuilt by ``unflatten``.
         self._unflatten = unflatten
@@ -122,15 +133,17 @@ class BatchOutputs:
     @staticmethod
     def nbytes(batch_size: int, column_specs) -> int:
         """About the size of the block for ``batch_size`` rows."""
-        row = 8 * (kernels.OUT_INT_ROWS + kernels.OUT_FLOAT_ROWS) + 4 + 8
+        row = 8 * (kernels.OUT_INT_ROWS + kernels.OUT_FLOAT_ROWS) + 4 + 8 + 4
         row += sum(int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
                    for spec in column_specs)
         return batch_size * row
 
     def _counts(self):
         # Measured the same way when made and when tested, so the interpreter's own
-        # temporary references cancel out.
-        return list(map(_refs, self._exposed))
+        # temporary references cancel out. One sum: no count is ever below its idle
+        # value (this object's own references stay), so the sums are equal only if
+        # every count is.
+        return sum(map(_refs, self._exposed))
 
     def idle(self) -> bool:
         """True if nothing but this object refers to the block or any array of it."""
@@ -145,10 +158,11 @@ class ResultPool:
     are not kept (``claim`` returns None for those sizes: use the general path).
     """
 
-    def __init__(self, column_specs, stores, unflatten):
+    def __init__(self, column_specs, stores, unflatten, weighing=None):
         self._specs = list(column_specs)
         self._stores = stores
         self._unflatten = unflatten
+        self._weighing = weighing  # the handle's ``Weighing`` (None: weigh nothing)
         self._pools = {}  # batch size -> results, least recently used last; None: too big
 
     def claim(self, batch_size: int):
@@ -161,7 +175,7 @@ class ResultPool:
                 outputs = pool.pop()
             except IndexError:
                 return self._claim_slow(batch_size)
-            if list(map(_refs, outputs._exposed)) == outputs._idle:
+            if sum(map(_refs, outputs._exposed)) == outputs._idle:
                 return outputs
             pool.insert(0, outputs)
         return self._claim_slow(batch_size)
@@ -185,7 +199,8 @@ class ResultPool:
             pool.insert(0, outputs)
         if len(pool) >= PER_SIZE:
             return None  # the caller holds on to many batches: plain new arrays
-        outputs = BatchOutputs(batch_size, self._specs, self._stores, self._unflatten)
+        outputs = BatchOutputs(batch_size, self._specs, self._stores, self._unflatten,
+                               self._weighing)
         outputs.pool = pool
         return outputs
 
@@ -195,3 +210,72 @@ class ResultPool:
         pool = outputs.pool
         if len(pool) < PER_SIZE:
             pool.insert(0, outputs)
+
+
+class Weighing:
+    """A table handle's choice of importance weights for ``sample_gather`` to compute
+    with each reused result (the fused path of ``SampleInfo.importance_weights``).
+
+    A learner asks for the same ``(beta, normalize)`` at every step, or anneals beta a
+    little at every step. So the handle weighs batches only once two calls in a row
+    asked for the same pair, and stops at the first call that asks for another: an
+    annealed beta is never computed in vain. The pair lives in the handle's table
+    offsets (``kernels.TABLE_WEIGH_*``), which every ``sample_gather`` reads.
+    """
+
+    __slots__ = ("_beta", "_normalize", "_last_beta", "_last_normalize", "_on")
+
+    def __init__(self, table_offsets):
+        self._beta = memoryview(table_offsets[kernels.TABLE_WEIGH_BETA:
+                                              kernels.TABLE_WEIGH_BETA + 1].view(np.float64))
+        self._normalize = memoryview(table_offsets[kernels.TABLE_WEIGH_NORMALIZE:
+                                                   kernels.TABLE_WEIGH_NORMALIZE + 1])
+        self._normalize[0] = -1  # (off until asked twice: a handle mapped again starts so)
+        self._last_beta = self._last_normalize = None
+        self._on = False
+
+    def asked(self, beta, normalize):
+        """A call asked for weights the batch did not come with (the path of every call
+        when beta is annealed: kept short)."""
+        if type(beta) is not float:
+            try:
+                beta = float(beta)
+            except (TypeError, ValueError):
+                return  # (the general path raises)
+        normalize = 1 if normalize else 0
+        if beta == self._last_beta and normalize == self._last_normalize:  # (NaN: never)
+            self._beta[0] = beta
+            self._normalize[0] = normalize
+            self._on = True
+        else:
+            if self._on:
+                self._normalize[0] = -1
+                self._on = False
+            self._last_beta = beta
+            self._last_normalize = normalize
+
+
+class FusedWeights:
+    """One reused result's importance weights, as ``sample_gather`` computed them: handed
+    out once per batch, to the call that asks for the ``(beta, normalize)`` they were
+    computed with."""
+
+    __slots__ = ("_weights", "_weighed", "_weighing")
+
+    def __init__(self, weights, weighed, weighing):
+        self._weights = weights
+        self._weighed = memoryview(weighed)
+        self._weighing = weighing
+
+    def take(self, beta, normalize):
+        """The batch's weights if they were computed with ``beta`` and ``normalize``
+        (and not handed out yet), else None."""
+        weighed = self._weighed
+        if weighed[0] == beta and weighed[1] == (1.0 if normalize else 0.0):
+            weighed[0] = _NAN  # (a second call gets a new array)
+            return self._weights
+        self._weighing.asked(beta, normalize)
+        return None
+
+
+_NAN = float("nan")

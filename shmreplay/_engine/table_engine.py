@@ -67,7 +67,9 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         # segment's bytes and where this table is in them.
         self._header_bytes = np.frombuffer(buf, np.uint8)
         self._table_offsets = L.table_offsets(region)
-        self._update_scratch = np.empty((2, 256), np.int64)  # update_whole's, grown as needed
+        self._table_offsets[kernels.TABLE_LARGEST:kernels.TABLE_LARGEST + 1].view(
+            np.float64)[0] = self.max_priority
+        self._update_scratch = np.empty((2, 256), np.int64)  # update_whole_weighed's, grown
         self._weighs = config.sampler.kind == codes.PRIORITIZED
         self._table_arrays = (views.ctrl, views.fctrl, views.meta, views.prio, views.trees)
         # Kernels take the step arrays too; placeholders until the data segment is mapped,
@@ -275,21 +277,21 @@ class TableEngine(FastLeaves, Waiting, Inserting, Sampling):
         """``update`` in one native call, for mapped whole-item tables (``whole_items``):
         uint64 ``keys``, float64 ``priorities`` checked by the kernel. Returns the number
         updated, or ``codes.INVALID_PRIORITY`` (nothing changed)."""
-        scratch = self._update_scratch
-        if scratch.shape[1] < keys.shape[0]:
-            scratch = self._update_scratch = np.empty((2, keys.shape[0]), np.int64)
         lock_wait = None
         while True:
             if keys.shape[0] >= _WEIGH_UNLOCKED_FROM and self._weighs:
                 # From a few dozen keys on, a Prioritized sampler's weights are worth
                 # computing before the lock is taken (in a new array: that part is
                 # unlocked).
+                scratch = self._update_scratch
+                if scratch.shape[1] < keys.shape[0]:
+                    scratch = self._update_scratch = np.empty((2, keys.shape[0]), np.int64)
                 status = kernels.update_whole_weighed(
                     self._header_bytes, self._table_offsets, keys, priorities,
                     self.max_priority, scratch, np.empty(2 * keys.shape[0]))
-            else:
+            else:  # (the scratch is the table offsets' own)
                 status = kernels.update_whole(self._header_bytes, self._table_offsets, keys,
-                                              priorities, self.max_priority, scratch)
+                                              priorities)
             if status != codes.LOCK_BUSY:
                 break
             if lock_wait is None:

@@ -276,8 +276,10 @@ def episode_view(buf, region: TableRegion) -> np.ndarray:
 def table_offsets(region: TableRegion) -> np.ndarray:
     """``table_views`` as numbers, for kernels that make the views themselves (one
     argument instead of five): see ``shmreplay._shm.kernels.table.TABLE_*``."""
+    # (+ the layout stamp, the importance weights' beta and normalize (none yet), the
+    # largest priority (set by the handle) and a scratch of 2 x 64 keys)
     return np.array([region.ctrl, region.fctrl, region.meta, region.trees, region.capacity,
-                     max(2 * region.tree_leaves, 1), 0], np.int64)  # (+ the layout stamp)
+                     max(2 * region.tree_leaves, 1), 0, 0, -1, 0] + [0] * 128, np.int64)
 
 
 def header_view(buf) -> np.ndarray:

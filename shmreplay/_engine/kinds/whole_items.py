@@ -24,8 +24,9 @@ class WholeItems(StorageKind):
         stores = [(start, column[0].nbytes if len(column) else 0)
                   for start, column in zip(plan.stores, engine.columns)]
         engine.whole_items = True
-        engine._results = _batch_outputs.ResultPool(engine.column_specs, stores,
-                                                    engine._unflatten)
+        engine._results = _batch_outputs.ResultPool(
+            engine.column_specs, stores, engine._unflatten,
+            _batch_outputs.Weighing(engine._table_offsets))
         # Staging rows for single inserts, one per thread inserting at once (None:
         # items too large to copy under the lock).
         engine._stores = stores

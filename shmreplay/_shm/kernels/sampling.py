@@ -12,7 +12,8 @@ from shmreplay._shm import sync as _sync
 from shmreplay._shm.kernels import codes, items, kernel, refpool, sumtree
 from shmreplay._shm.kernels.locking import (
     BROKEN, _block, _bump, _lock_items, _stop_point, _unlock, _unlock_and_wake)
-from shmreplay._shm.kernels.views import TABLE_CAPACITY, _copies_fit, _table_arrays
+from shmreplay._shm.kernels.views import (
+    TABLE_CAPACITY, TABLE_WEIGH_BETA, TABLE_WEIGH_NORMALIZE, _copies_fit, _table_arrays)
 from shmreplay._shm.layout import (
     C_CLOSED, C_ITEMS_SEQ, C_ITEMS_WAITERS, C_MAX_TIMES_SAMPLED, C_NUM_UNIQUE, C_SAMPLER_KIND,
     C_SAMPLES, C_SIZE, C_RESERVES, C_SPACE_SEQ, C_TOTAL_SAMPLED, C_TREE_LEAVES, M_KEY, M_LIVE,
@@ -152,12 +153,15 @@ def sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, was_waiting, 
     return count
 
 
-# Its ``layout``: where each output is in its byte block ``out``, then three entries per
-# column (output start, store start in the data segment, row bytes).
-LAYOUT_OUT_I, LAYOUT_OUT_F, LAYOUT_TIMES, LAYOUT_TORN, LAYOUT_IO = range(5)
+# Its ``layout``: where each output is in its byte block ``out`` (the importance weights
+# float32 ``[batch]``, and the float64 ``(beta, normalize)`` they were computed with:
+# beta NaN if none were), then three entries per column (output start, store start in
+# the data segment, row bytes).
+(LAYOUT_OUT_I, LAYOUT_OUT_F, LAYOUT_TIMES, LAYOUT_TORN, LAYOUT_IO, LAYOUT_WEIGHTS,
+ LAYOUT_WEIGHED) = range(7)
 
 
-LAYOUT_COLUMNS = 5
+LAYOUT_COLUMNS = 7
 
 
 # Its ``io``: ``sample``'s three entries, the rows drawn, and how many may be torn.
@@ -179,6 +183,10 @@ def sample_gather(segment, table, batch, pid, data, out, layout):
     ``out_f``, ``times_sampled`` as int32, the torn rows, ``io``, and each column
     ``[batch, ...]`` (rows copied from ``data``, the data segment's bytes).
 
+    If the handle asks for importance weights (``table[TABLE_WEIGH_NORMALIZE] >= 0``), a
+    finished batch also gets them, as ``importance_weights`` computes them, into its
+    weights; its ``(beta, normalize)`` record says with which (beta NaN: none computed).
+
     Returns ``batch`` when the whole batch was drawn, copied and found clean;
     ``BROKEN`` if ``layout`` does not fit the arrays (nothing drawn). Otherwise returns
     ``UNFINISHED`` with ``sample``'s result in ``io[GATHER_COUNT]``
@@ -195,6 +203,8 @@ def sample_gather(segment, table, batch, pid, data, out, layout):
     times = out[layout[LAYOUT_TIMES]:layout[LAYOUT_TIMES] + batch * 4].view(np.int32)
     torn = out[layout[LAYOUT_TORN]:layout[LAYOUT_TORN] + batch * 8].view(np.int64)
     io = out[layout[LAYOUT_IO]:layout[LAYOUT_IO] + GATHER_IO * 8].view(np.int64)
+    weighed = out[layout[LAYOUT_WEIGHED]:layout[LAYOUT_WEIGHED] + 16].view(np.float64)
+    weighed[0] = np.nan
     gens = refs[:batch]  # whole items reference no rows: never indexed
     io[GATHER_TORN] = 0
     count = sample(ctrl, fctrl, meta, prio, trees, refs, rows, batch, pid, 0, 0, out_i, out_f,
@@ -219,6 +229,15 @@ def sample_gather(segment, table, batch, pid, data, out, layout):
         io[GATHER_TORN] = torn_rows(meta, refs, rows, slots[:count], out_i[OUT_VERSION, :count],
                                     gens, torn)
     if count == batch and io[2] == 0 and io[GATHER_TORN] == 0:
+        normalize = table[TABLE_WEIGH_NORMALIZE]
+        if normalize >= 0:
+            beta = table[TABLE_WEIGH_BETA:TABLE_WEIGH_BETA + 1].view(np.float64)[0]
+            weights = out[layout[LAYOUT_WEIGHTS]:layout[LAYOUT_WEIGHTS] + batch * 4].view(
+                np.float32)
+            importance_weights(out_f[OUT_PROBABILITY], out_i[OUT_TABLE_SIZE], beta,
+                               normalize > 0, weights)
+            weighed[1] = normalize
+            weighed[0] = beta
         return count
     return codes.UNFINISHED
 

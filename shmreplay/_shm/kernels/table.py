@@ -19,15 +19,16 @@ from shmreplay._shm.kernels.locking import (
     BROKEN, wake_all, rate_check, wait, unwait, wait_for_items)
 from shmreplay._shm.kernels.views import (
     TABLE_CTRL, TABLE_FCTRL, TABLE_META, TABLE_TREES, TABLE_CAPACITY, TABLE_TREE_LENGTH,
-    TABLE_STAMP, TABLE_FIELDS)
+    TABLE_STAMP, TABLE_FIELDS, TABLE_WEIGH_BETA, TABLE_WEIGH_NORMALIZE, TABLE_LARGEST,
+    TABLE_SCRATCH, TABLE_SCRATCH_KEYS)
 from shmreplay._shm.kernels.inserting import (
     reserve, commit, reserve_one, reserve_item, commit_one, insert_staged, cancel, release_drained,
     reserve_whole, commit_whole, ascending_run)
 from shmreplay._shm.kernels.sampling import (
     OUT_SLOT, OUT_KEY, OUT_TABLE_SIZE, OUT_TIMES, OUT_VERSION, OUT_INT_ROWS, OUT_PROBABILITY,
     OUT_PRIORITY, OUT_FLOAT_ROWS, sample, LAYOUT_OUT_I, LAYOUT_OUT_F, LAYOUT_TIMES, LAYOUT_TORN,
-    LAYOUT_IO, LAYOUT_COLUMNS, GATHER_COUNT, GATHER_TORN, GATHER_IO, sample_gather, seed,
-    torn_rows, importance_weights)
+    LAYOUT_IO, LAYOUT_WEIGHTS, LAYOUT_WEIGHED, LAYOUT_COLUMNS, GATHER_COUNT, GATHER_TORN,
+    GATHER_IO, sample_gather, seed, torn_rows, importance_weights)
 from shmreplay._shm.kernels.priorities import (
     mutate, update_whole, update_whole_weighed, first_invalid_priority)
 from shmreplay._shm.kernels.arena import arena_reserve, arena_read, arena_verify
@@ -44,7 +45,9 @@ __all__ = [
     "torn_rows", "unwait", "update_whole", "update_whole_weighed", "verify", "wait",
     "wait_for_items", "wake_all", "writing_slots", "BROKEN", "GATHER_COUNT", "GATHER_IO",
     "GATHER_TORN", "LAYOUT_COLUMNS", "LAYOUT_IO", "LAYOUT_OUT_F", "LAYOUT_OUT_I", "LAYOUT_TIMES",
-    "LAYOUT_TORN", "OUT_FLOAT_ROWS", "OUT_INT_ROWS", "OUT_KEY", "OUT_PRIORITY", "OUT_PROBABILITY",
-    "OUT_SLOT", "OUT_TABLE_SIZE", "OUT_TIMES", "OUT_VERSION", "TABLE_CAPACITY", "TABLE_CTRL",
-    "TABLE_FCTRL", "TABLE_FIELDS", "TABLE_META", "TABLE_STAMP", "TABLE_TREES", "TABLE_TREE_LENGTH",
+    "LAYOUT_TORN", "LAYOUT_WEIGHED", "LAYOUT_WEIGHTS", "OUT_FLOAT_ROWS", "OUT_INT_ROWS", "OUT_KEY",
+    "OUT_PRIORITY", "OUT_PROBABILITY", "OUT_SLOT", "OUT_TABLE_SIZE", "OUT_TIMES", "OUT_VERSION",
+    "TABLE_CAPACITY", "TABLE_CTRL", "TABLE_FCTRL", "TABLE_FIELDS", "TABLE_META", "TABLE_STAMP",
+    "TABLE_TREES", "TABLE_TREE_LENGTH", "TABLE_WEIGH_BETA", "TABLE_WEIGH_NORMALIZE",
+    "TABLE_LARGEST", "TABLE_SCRATCH", "TABLE_SCRATCH_KEYS",
 ]

@@ -13,6 +13,17 @@ from shmreplay._shm.layout import CTRL_WORDS, F_WORDS, META_FIELDS, M_PRIO, ROW_
 # ``sample_gather``'s ``table``: where a table's arrays are in its header segment.
 (TABLE_CTRL, TABLE_FCTRL, TABLE_META, TABLE_TREES, TABLE_CAPACITY, TABLE_TREE_LENGTH,
  TABLE_STAMP) = range(7)
+# Then the handle's importance weights for ``sample_gather``: the bits of ``beta`` as a
+# float64, and ``normalize`` (1 or 0; -1: weigh nothing). Set by
+# ``shmreplay._engine.batch_outputs.Weighing``.
+TABLE_WEIGH_BETA, TABLE_WEIGH_NORMALIZE = 7, 8
+# Then the largest priority the table takes (float64 bits), and ``update_whole``'s
+# scratch: int64 ``[2, TABLE_SCRATCH_KEYS]`` from ``TABLE_SCRATCH`` on (used only with
+# the table's lock held, so the threads of a handle share it).
+TABLE_LARGEST, TABLE_SCRATCH = 9, 10
+
+
+TABLE_SCRATCH_KEYS = 64
 
 
 TABLE_FIELDS = 6

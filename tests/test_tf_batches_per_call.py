@@ -130,3 +130,37 @@ def test_items_of_any_length_refuse_several_batches_per_call():
         client.insert({"x": np.ones(3, np.float32)}, {"v": 1.0})
         sample, lengths = next(iter(shmreplay_tf.make_dataset(name, "v", 2)))
         assert lengths["x"].numpy().tolist() == [3, 3]
+
+
+def test_parallel_calls_split_max_batches_exactly(trips):
+    with serve(prioritized()) as (name, client):
+        keys = {int(client.insert(item(i), {"p": 1.0})["p"]): i for i in range(30)}
+        dataset = shmreplay_tf.make_dataset(name, "p", 3, max_batches=7, batches_per_call=3,
+                                            num_parallel_calls=2)
+        batches = list(dataset)
+    assert sorted(trips) == [1, 3, 3] and len(batches) == 7
+    for batch in batches:
+        steps = check_items(batch, 3)
+        assert [keys[int(key)] for key in batch.info.key.numpy()] == steps.tolist()
+
+
+def test_fixed_sequences_from_items_of_any_length_travel_in_rows(trips):
+    signature = {"obs": tf.TensorSpec([None, 3], tf.float32),
+                 "step": tf.TensorSpec([None], tf.int64), "flag": tf.TensorSpec([None], tf.bool)}
+    table = shmreplay.Table("v", selectors.Uniform(), selectors.Fifo(), 20,
+                            rate_limiters.MinSize(1), signature=signature)
+    with serve(table) as (name, client):
+        for i in range(6):
+            steps = np.arange(i, i + 4)
+            client.insert({"obs": np.repeat(steps[:, None], 3, 1).astype(np.float32),
+                           "step": steps, "flag": steps % 2 == 1}, {"v": 1.0})
+        dataset = shmreplay_tf.make_dataset(name, "v", 2, sequence_length=4, max_batches=3,
+                                            batches_per_call=2)
+        assert dataset.element_spec.data["obs"].shape == (2, 4, 3)
+        batches = list(dataset)
+    assert trips == [2, 1] and len(batches) == 3
+    for batch in batches:
+        obs, steps = batch.data["obs"].numpy(), batch.data["step"].numpy()
+        np.testing.assert_array_equal(obs, np.repeat(steps[..., None], 3, 2))
+        np.testing.assert_array_equal(batch.data["flag"].numpy(), steps % 2 == 1)
+        np.testing.assert_array_equal(steps - steps[:, :1], np.tile(np.arange(4), (2, 1)))

@@ -166,6 +166,22 @@ def test_a_learner_loop_alternates_between_two_results(client):
     assert len(addresses) == 2
 
 
+def test_a_batch_kept_for_good_leaves_the_other_on_the_quick_path(client, monkeypatch):
+    kept = client.sample_batch("t", 16)  # (a loop that keeps its first batch, to log it)
+    kept_obs = kept.data["obs"].copy()
+    slow = []
+    claim_slow = _batch_outputs.ResultPool._claim_slow
+    monkeypatch.setattr(_batch_outputs.ResultPool, "_claim_slow",
+                        lambda self, size: slow.append(size) or claim_slow(self, size))
+    for _ in range(30):
+        batch = client.sample_batch("t", 16)
+        assert not np.shares_memory(batch.data["obs"], kept.data["obs"])
+        _check(batch)
+    # (two more results are made: the loop also holds its previous batch during a call)
+    assert len(slow) <= 2, len(slow)
+    np.testing.assert_array_equal(kept.data["obs"], kept_obs)
+
+
 def test_threads_sharing_a_client_never_get_each_others_rows(client):
     failures = []
     barrier = threading.Barrier(3, timeout=30)

@@ -170,14 +170,17 @@ class ResultPool:
         pool = self._pools.get(batch_size)
         if pool:
             # list.pop and insert are atomic, so a result popped here is this thread's
-            # alone. The least recently used one is idle in the usual loop.
-            try:
-                outputs = pool.pop()
-            except IndexError:
-                return self._claim_slow(batch_size)
-            if sum(map(_refs, outputs._exposed)) == outputs._idle:
-                return outputs
-            pool.insert(0, outputs)
+            # alone. The least recently used one is idle in the usual loop. Two tries: a
+            # result the caller keeps for good comes back to the end after every call
+            # (the results handed out go in front of it), and the next one is idle.
+            for _ in range(2):
+                try:
+                    outputs = pool.pop()
+                except IndexError:
+                    break
+                if sum(map(_refs, outputs._exposed)) == outputs._idle:
+                    return outputs
+                pool.insert(0, outputs)
         return self._claim_slow(batch_size)
 
     def _claim_slow(self, batch_size: int):

@@ -114,11 +114,13 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
                         common.data_spec(dtypes, shapes, (batch_size,)))
     timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
     padded = any(any_length)
-    if batches_per_call not in (None, 1) and padded:
-        raise ValueError(
-            f"make_dataset: batches_per_call={batches_per_call} needs items of fixed shapes; "
-            f"table '{table}' holds items of any length, whose batches differ in shape: "
-            "leave batches_per_call out.")
+    if padded:
+        if batches_per_call not in (None, 1):
+            raise ValueError(
+                f"make_dataset: batches_per_call={batches_per_call} needs items of fixed "
+                f"shapes; table '{table}' holds items of any length, whose batches differ "
+                "in shape: leave batches_per_call out.")
+        batches_per_call = 1
     if num_parallel_calls is None or batches_per_call is None:
         flat_spec = tf.nest.flatten(spec)
         batch_bytes = sum(leaf.shape.num_elements() * leaf.dtype.size for leaf in flat_spec
@@ -128,7 +130,7 @@ def make_dataset(server_address: str, table: str, batch_size: Optional[int], *,
             if num_parallel_calls is None:
                 num_parallel_calls = _batches.default_parallelism(client, table, batch_bytes)
             if batches_per_call is None:
-                batches_per_call = 1 if padded else default_batches_per_call(
+                batches_per_call = default_batches_per_call(
                     batch_bytes, _batches.is_deterministic(client, table))
         finally:
             client.close()

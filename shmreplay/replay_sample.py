@@ -96,7 +96,7 @@ class BatchInfo(SampleInfo):
     def importance_weights(self, beta: float, normalize: bool = True) -> np.ndarray:
         fused = self._weights
         if fused is not None:
-            # (``FusedWeights.take``, inline: a learner calls this at every step)
+            # (inline, not a method of FusedWeights: a learner calls this at every step)
             weighed = fused._weighed
             try:
                 hit = weighed[0] == beta and weighed[1] == (1.0 if normalize else 0.0)

@@ -259,9 +259,9 @@ class Weighing:
 
 
 class FusedWeights:
-    """One reused result's importance weights, as ``sample_gather`` computed them: handed
-    out once per batch, to the call that asks for the ``(beta, normalize)`` they were
-    computed with."""
+    """One reused result's importance weights, as ``sample_gather`` computed them, and the
+    ``(beta, normalize)`` they were computed with (``weighed``; beta NaN: none, or handed
+    out already). ``BatchInfo.importance_weights`` hands them out once per batch."""
 
     __slots__ = ("_weights", "_weighed", "_weighing")
 
@@ -269,16 +269,3 @@ class FusedWeights:
         self._weights = weights
         self._weighed = memoryview(weighed)
         self._weighing = weighing
-
-    def take(self, beta, normalize):
-        """The batch's weights if they were computed with ``beta`` and ``normalize``
-        (and not handed out yet), else None."""
-        weighed = self._weighed
-        if weighed[0] == beta and weighed[1] == (1.0 if normalize else 0.0):
-            weighed[0] = _NAN  # (a second call gets a new array)
-            return self._weights
-        self._weighing.asked(beta, normalize)
-        return None
-
-
-_NAN = float("nan")

@@ -8,7 +8,11 @@ the next batch is drawn. This script times, on the learner-feed benchmark's tabl
 (``Prioritized(0.6)``, 32,768 transitions), ``sample_batch(256)`` and
 ``sample_batch(256)`` + ``update_priorities`` of its keys, with ``--flush`` MiB of other
 memory read and written between calls (0: the same call repeated, caches warm), so the
-figures bracket what the table costs inside a training loop.
+figures bracket what the table costs inside a training loop. Beside them, in the same
+rounds: cpprb's prioritized buffer doing the same, and a numpy gather of the batch's
+rows (the least any replay must read; see ``reference_cases``). ``--gap-ms`` adds calls
+spaced by that long a busy loop that touches no memory: on the shared 2-core VM the
+table's lines are gone after a step's time even then.
 
 Run ``python benchmarks/bench_sample_cache.py``; results:
 ``benchmarks/results/sample-cache[-TAG].{json,md}``.
@@ -42,14 +46,49 @@ def make_table(shmreplay, name):
     return server, client
 
 
-def median_us(call, other_memory, calls):
-    """Median µs of ``call()``, ``other_memory`` (a float64 array, or None) touched before
-    each call, one write per cache line, outside the timed span."""
+def reference_cases(batch, priorities):
+    """What bounds the table work from outside: cpprb's ``PrioritizedReplayBuffer`` with
+    the same items, alpha and priorities (sample with beta 0.4, then the update of its
+    indexes), and the *gather floor*: numpy taking ``batch`` random rows of the same five
+    columns, with no sampling structure, no item records and no update: the least any
+    replay must read for a batch."""
+    rng = np.random.default_rng(0)
+    size = WORKLOADS["transitions"]["size"]
+    items = make_items("transitions", size, rng)
+    columns = {name: np.ascontiguousarray(column) for name, column in items.items()}
+
+    def gather_floor():
+        rows = rng.integers(0, size, batch)
+        return {name: column.take(rows, axis=0) for name, column in columns.items()}
+
+    cases = {"gather floor (numpy)": gather_floor}
+    cpprb, why = _common.load_cpprb()
+    if cpprb is None:
+        print("cpprb unavailable:", why)
+        return cases
+    fields = {"obs": {"shape": 15}, "act": {"shape": 3}, "rew": {}, "next_obs": {"shape": 15},
+              "done": {}}
+    buffer = cpprb.PrioritizedReplayBuffer(size, fields, alpha=0.6)
+    buffer.add(**items, priorities=rng.random(size) + 0.1)
+
+    def cpprb_sample():
+        buffer.sample(batch, beta=0.4)
+
+    def cpprb_sample_update():
+        buffer.update_priorities(buffer.sample(batch, beta=0.4)["indexes"], priorities)
+
+    cases.update({"cpprb sample": cpprb_sample, "cpprb sample+update": cpprb_sample_update})
+    return cases
+
+
+def median_us(call, between, calls):
+    """Median µs of ``call()``, with ``between()`` (or nothing) run before each call,
+    outside the timed span."""
     times = []
     perf = time.perf_counter_ns
     for _ in range(calls):
-        if other_memory is not None:
-            other_memory[::8] += 1.0
+        if between is not None:
+            between()
         start = perf()
         call()
         times.append(perf() - start)
@@ -57,9 +96,41 @@ def median_us(call, other_memory, calls):
     return times[len(times) // 2] / 1e3
 
 
+def touch(mib):
+    """Writes one float64 per 64-byte line of an array of ``mib`` MiB: a step's traffic."""
+    other = np.ones((mib << 20) // 8)
+
+    def between():
+        other[::8] += 1.0
+    return between
+
+
+def spin(ms):
+    """Keeps the core busy for ``ms`` without touching memory: only time passes."""
+    def between():
+        end = time.perf_counter_ns() + int(ms * 1e6)
+        while time.perf_counter_ns() < end:
+            pass
+    return between
+
+
+def conditions(args):
+    """``(key, label, between)`` for each way the calls are spaced: the same call
+    repeated (``0``), after MiB of other memory (``1``, ``4``, ``16``), and after
+    ``--gap-ms`` of a busy core that touches no memory (``spin<ms>``)."""
+    found = []
+    for mib in (int(x) for x in args.flush.split(",")):
+        found.append((str(mib), f"{mib} MiB touched", None if mib == 0 else touch(mib)))
+    for ms in (float(x) for x in args.gap_ms.split(",") if x):
+        found.append((f"spin{ms:g}ms", f"{ms:g} ms of a busy core", spin(ms)))
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flush", default="0,1,4,16", help="MiB touched between calls")
+    parser.add_argument("--gap-ms", default="1.8",
+                        help="ms of a busy core between calls (a train step's time)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
@@ -70,42 +141,52 @@ def main():
         sys.exit(f"shmreplay is not usable: {why}")
     info = _common.machine_info()
     server, client = make_table(shmreplay, f"shmreplay.bench-cache-{os.getpid()}")
-    rng = np.random.default_rng(1)
     batch = args.batch
-    last = {}
+    priorities = np.random.default_rng(1).random(batch) + 0.1
 
     def sample():
-        last["keys"] = client.sample_batch(TABLE, batch).info.key
+        client.sample_batch(TABLE, batch)
 
     def sample_update():
         keys = client.sample_batch(TABLE, batch).info.key
-        client.update_priorities(TABLE, keys, rng.random(batch) + 0.1)
+        client.update_priorities(TABLE, keys, priorities)
 
-    flushes = [int(x) for x in args.flush.split(",")]
+    spacings = conditions(args)
     cases = {"sample": sample, "sample+update": sample_update}
-    results = {case: {str(mib): [] for mib in flushes} for case in cases}
+    cases.update(reference_cases(batch, priorities))
+    results = {case: {key: [] for key, _, _ in spacings} for case in cases}
     try:
-        for _ in range(args.rounds):  # rounds alternate every case and flush size
-            for mib in flushes:
-                other = None if mib == 0 else np.ones((mib << 20) // 8)
+        for _ in range(args.rounds):  # rounds alternate every case and spacing
+            for key, _, between in spacings:
                 for case, call in cases.items():
-                    median_us(call, other, 20)  # (warm-up)
-                    results[case][str(mib)].append(median_us(call, other, args.calls))
+                    median_us(call, between, 20)  # (warm-up)
+                    results[case][key].append(median_us(call, between, args.calls))
     finally:
         client.close()
         server.stop()
     rows = []
     for case in cases:
-        warm = np.median(results[case][str(flushes[0])])
-        for mib in flushes:
-            us = float(np.median(results[case][str(mib)]))
-            rows.append([case, f"{mib}", f"{us:.1f}", f"{us / warm:.2f}x"])
-    headers = ["call", "MiB touched between calls", "median µs", f"vs {flushes[0]} MiB"]
+        warm = np.median(results[case][spacings[0][0]])
+        for key, label, _ in spacings:
+            us = float(np.median(results[case][key]))
+            rows.append([case, label, f"{us:.1f}", f"{us / warm:.2f}x"])
+    for key, label, _ in spacings:
+        ours = float(np.median(results["sample+update"][key]))
+        floor = results.get("gather floor (numpy)")
+        peer = results.get("cpprb sample+update")
+        parts = [f"{label}: shmreplay's sample+update {ours:.0f} µs"]
+        if floor:
+            parts.append(f"{ours / float(np.median(floor[key])):.2f}x the gather floor")
+        if peer:
+            parts.append(f"cpprb's takes {float(np.median(peer[key])) / ours:.2f}x as long")
+        print("; ".join(parts))
+    headers = ["call", "between calls", "median µs", f"vs {spacings[0][1]}"]
     print(_common.render_table(headers, rows))
     notes = [f"table: Prioritized(0.6), {WORKLOADS['transitions']['size']:,} transitions "
              f"(the learner-feed table); batch {batch}; {args.rounds} rounds, each the "
-             f"median of {args.calls} calls per case and size",
-             "between calls (not timed): one write per 64-byte line of an array of that size"]
+             f"median of {args.calls} calls per case and spacing",
+             "between calls (not timed): one write per 64-byte line of an array of that "
+             "size, or a loop reading the clock for that long"]
     payload = {"benchmark": "sample_cache", "machine": info, "args": vars(args),
                "median_us_per_round": results}
     stem = "sample-cache" + (f"-{args.tag}" if args.tag else "")

@@ -15,8 +15,9 @@ in its native parts, and so does XLA), so the learner rarely waits for data. Wit
 ``prefetch=0`` there is no thread and no transfer of its own: ``next`` samples in the
 learner's thread, which JAX's asynchronous dispatch has freed while the previous step
 computes, and gives the batch as numpy arrays, which the jit-compiled step's own call
-moves to the device (on a 2-core CPU device it fed as fast as the thread, within the
-noise between runs: docs/performance.md, "Learner feed"). With
+moves to the device: when JAX computes on the CPU this is the faster way (the thread
+and its transfer take cores the step needs; docs/learners.md and docs/performance.md,
+"Learner feed"). With
 ``update_priorities(..., wait=False)`` the learner does not wait for its TD errors
 either: they are applied once the step has computed them (by a thread, or with
 ``prefetch=0`` by the learner's later calls), so the next step is dispatched at once.
@@ -317,10 +318,8 @@ class BatchIterator:
         return None
 
     def _apply(self, keys, td_errors, exponent, epsilon) -> int:
-        errors_host = np.abs(np.asarray(td_errors, dtype=np.float64)).reshape(-1)
-        if exponent != 1.0:
-            errors_host = errors_host ** exponent
-        return self._client.update_priorities(self.table, keys, errors_host + epsilon)
+        priorities = _deferred_updates.priorities_from(td_errors, exponent, epsilon)
+        return self._client.update_priorities(self.table, keys, priorities)
 
     def flush(self) -> int:
         """Waits until the updates queued with ``wait=False`` are applied.

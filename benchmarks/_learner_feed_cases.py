@@ -185,16 +185,6 @@ def tf_cases(client, name, workload, refs):
                                      np.abs(td.numpy().astype(np.float64)) + 1e-6)
         return fed
 
-    # The same update handed to shmreplay.PriorityUpdater's thread: the loop goes on to
-    # the next step at once.
-    from shmreplay import PriorityUpdater
-    updater = PriorityUpdater(client, TABLE)
-    refs.append(updater)
-
-    def fed_deferred():
-        keys, td = iterator_step(iterator)
-        updater.update_priorities(keys, td)
-
     # make_dataset's default against one batch per numpy_function call
     k1_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"], batches_per_call=1))
     refs.append(k1_iterator)
@@ -259,7 +249,6 @@ def tf_cases(client, name, workload, refs):
     if len(fixed) == 1:
         cases[f"floor_k{FLOOR_K}"] = (lambda: floor_step(floor_k_iterator), nothing)
     if per:
-        cases["fed_deferred"] = (fed_deferred, nothing)
         cases["fed_in_graph"] = (lambda: in_graph_step(in_graph_iterator), nothing)
         cases["fed_eager_loop"] = (eager_loop, nothing)
     return cases

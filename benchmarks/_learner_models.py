@@ -48,29 +48,33 @@ def tf_train(workload):
     import tensorflow as tf
     per = WORKLOADS[workload]["per"]
     variables = tf_init(workload)
+    # The targets come from a frozen copy (DQN's target network, never refreshed): the
+    # same work per step, and thousands of steps on random data cannot diverge to NaN
+    # TD errors (which the priority update would rightly refuse).
+    frozen = [tf.Variable(var, trainable=False) for var in variables]
 
     if workload == "transitions":
-        def q_values(obs, act):
+        def q_values(obs, act, w=variables):
             h = tf.concat([obs, act], axis=1)
-            h = tf.nn.relu(h @ variables[0] + variables[1])
-            h = tf.nn.relu(h @ variables[2] + variables[3])
-            return (h @ variables[4] + variables[5])[:, 0]
+            h = tf.nn.relu(h @ w[0] + w[1])
+            h = tf.nn.relu(h @ w[2] + w[3])
+            return (h @ w[4] + w[5])[:, 0]
 
         def td_errors(data):
             target = data["rew"] + 0.99 * (1 - data["done"]) * tf.stop_gradient(
-                q_values(data["next_obs"], data["act"]))
+                q_values(data["next_obs"], data["act"], frozen))
             return target - q_values(data["obs"], data["act"])
     else:
-        def q_all(frames):
+        def q_all(frames, w=variables):
             h = tf.cast(frames, tf.float32) / 255.0
             for i, stride in ((0, 4), (2, 2), (4, 1)):
-                h = tf.nn.relu(tf.nn.conv2d(h, variables[i], stride, "VALID") + variables[i + 1])
-            h = tf.nn.relu(tf.reshape(h, [tf.shape(h)[0], -1]) @ variables[6] + variables[7])
-            return h @ variables[8] + variables[9]
+                h = tf.nn.relu(tf.nn.conv2d(h, w[i], stride, "VALID") + w[i + 1])
+            h = tf.nn.relu(tf.reshape(h, [tf.shape(h)[0], -1]) @ w[6] + w[7])
+            return h @ w[8] + w[9]
 
         def td_errors(data):
             target = data["reward"] + data["discount"] * tf.stop_gradient(
-                tf.reduce_max(q_all(data["next_obs"]), axis=1))
+                tf.reduce_max(q_all(data["next_obs"], frozen), axis=1))
             q = tf.gather(q_all(data["obs"]), data["action"], axis=1, batch_dims=1)
             return target - q
 
@@ -88,7 +92,7 @@ def tf_train(workload):
             var.assign_sub(1e-4 * grad)
         return td
 
-    return train, variables
+    return train, variables + frozen
 
 
 def tf_init(workload):

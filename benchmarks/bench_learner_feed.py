@@ -53,8 +53,6 @@ Fed variants (all in the JSON; the table uses ``fed``):
   after each call (the tensors are computed by then: ``.numpy()`` is free);
   ``fed_k1``: the same with ``batches_per_call=1`` (one ``numpy_function`` call per
   batch); ``fed_no_update``: ``fed`` without the priority updates (what they cost);
-  ``fed_deferred``: ``fed`` with the update handed to ``shmreplay.PriorityUpdater``
-  (applied by its thread while the next step runs);
   ``fed_in_graph``: the same with ``TFClient.update_priorities`` inside the function;
   ``fed_eager_loop``: ``for sample in dataset`` (eager ``next``) with the step taking
   the sample as its argument and the update beside it; ``constant_arg``: the

@@ -42,7 +42,6 @@ _LAZY = {
     "platform": None,
     "structured_writer": None,
     "warm_up": "shmreplay._ops.warmup",
-    "PriorityUpdater": "shmreplay.priority_updater",
     "TFClient": "shmreplay.tf",
     "PatternDataset": "shmreplay.tf",
     "TimestepDataset": "shmreplay.tf",
@@ -68,8 +67,7 @@ def __dir__():
 
 
 __all__ = [
-    "Client", "DeadlineExceededError", "PaddedSample", "PriorityUpdater", "ReplaySample",
-    "ReverbError", "SampleInfo", "Server",
+    "Client", "DeadlineExceededError", "PaddedSample", "ReplaySample", "ReverbError", "SampleInfo", "Server",
     "ShmReplayError", "Table", "TableInfo", "TensorSpec", "TrajectoryColumn",
     "TrajectoryWriter", "Writer", "checkpointers", "errors", "platform", "rate_limiters",
     "selectors", "warm_up",

@@ -5,8 +5,7 @@ being computed). Setting priorities from them at once would wait for that step, 
 ``BatchIterator.update_priorities(..., wait=False)`` hands them to one of these:
 
 * ``ThreadedUpdates``: a thread fetches each update's errors once they exist and applies
-  the updates in order (for iterators that sample in their own threads, and for
-  ``shmreplay.PriorityUpdater``, a TensorFlow learner's updates beside its step);
+  the updates in order (for iterators that sample in their own threads);
 * ``InlineUpdates``: no thread; each call of the learner's (``next``, the next update,
   ``flush``) applies, in order, the queued updates whose errors are computed by then
   (for iterators that sample in the learner's thread: nothing else runs Python for it).
@@ -20,8 +19,6 @@ numpy can read; ``is_ready()`` (JAX arrays have it) says whether reading would w
 import collections
 import queue
 import threading
-
-import numpy as np
 
 # Updates queued and not yet applied: a learner that outruns its updates waits for one
 # of them (keeps the TD arrays held bounded).
@@ -136,14 +133,6 @@ class InlineUpdates(_Updates):
         while self._pending and self._error is None:
             self._run(self._pending.popleft())
         self._pending.clear()
-
-
-def priorities_from(td_errors, exponent: float, epsilon: float) -> np.ndarray:
-    """``|td_errors| ** exponent + epsilon`` as a float64 vector (read once)."""
-    errors_host = np.abs(np.asarray(td_errors, dtype=np.float64)).reshape(-1)
-    if exponent != 1.0:
-        errors_host = errors_host ** exponent
-    return errors_host + epsilon
 
 
 def _ready(td_errors) -> bool:

@@ -24,7 +24,7 @@ PUBLIC_MODULES = [
     "shmreplay.replay_sample", "shmreplay.writer", "shmreplay.trajectory_writer",
     "shmreplay.structured_writer", "shmreplay.checkpointers", "shmreplay.platform",
     "shmreplay.platform.checkpointers_lib", "shmreplay.cli", "shmreplay.tf", "shmreplay.jax",
-    "shmreplay.ray", "shmreplay.priority_updater",
+    "shmreplay.ray",
 ]
 EXPLICIT = {"shmreplay.specs": ["TensorSpec"]}
 NEEDS = {"shmreplay.tf": "tensorflow", "shmreplay.jax": "jax", "shmreplay.ray": "ray"}

@@ -88,29 +88,3 @@ def test_make_dataset_packs_and_every_leaf_keeps_its_item(monkeypatch):
             np.testing.assert_array_equal(leaf.numpy(), want)
         assert batch.info.table_size.dtype == tf.int64
         assert batch.info.probability.numpy().tolist() == [1 / 20] * 8
-
-
-def test_a_priority_updater_takes_the_eager_tensors_a_tf_function_returns():
-    # (a uniform sampler: the 400 draws below are sure to see every item's priority)
-    table = shmreplay.Table("p", selectors.Uniform(), selectors.Fifo(), 100,
-                            rate_limiters.MinSize(1))
-    with serve(table) as (name, client):
-        client.insert_batch({"x": np.arange(20, dtype=np.float32)}, {"p": np.ones(20)})
-        iterator = iter(shmreplay_tf.make_dataset(name, "p", 8))
-
-        @tf.function
-        def step(iterator):
-            sample = next(iterator)
-            return sample.info.key, sample.data["x"] + 1.0  # TD errors: the item's x + 1
-
-        with shmreplay.PriorityUpdater(client, "p") as updates:
-            sent = {}
-            for _ in range(5):
-                keys, td = step(iterator)
-                assert isinstance(td, tf.Tensor)
-                updates.update_priorities(keys, td, epsilon=0.5)
-                sent.update(zip(keys.numpy().tolist(), td.numpy().tolist()))
-            assert updates.flush() == 40
-        sample = client.sample_batch("p", 400, timeout=5)
-        got = dict(zip(sample.info.key.tolist(), sample.info.priority.tolist()))
-        assert sent and all(got[key] == td + 0.5 for key, td in sent.items())

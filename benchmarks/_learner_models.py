@@ -49,8 +49,8 @@ def tf_train(workload):
     per = WORKLOADS[workload]["per"]
     variables = tf_init(workload)
     # The targets come from a frozen copy (DQN's target network, never refreshed): the
-    # same work per step, and thousands of steps on random data cannot diverge to NaN
-    # TD errors (which the priority update would rightly refuse).
+    # same work per step, and it keeps thousands of steps on random data from diverging
+    # to NaN TD errors (which the priority update would rightly refuse; it happened).
     frozen = [tf.Variable(var, trainable=False) for var in variables]
 
     if workload == "transitions":

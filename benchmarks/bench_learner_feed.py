@@ -15,7 +15,9 @@ Rows (issue 20, second half):
   table of 32,768 items, importance weights in the step and priorities ``|td| + 1e-6``
   updated after every step; *atari* (obs, next_obs u8[84,84,4], action i32, reward,
   discount f32; the Nature-DQN convnet, Q-learning loss, SGD), batch 32, uniform table
-  of 3,000 items;
+  of 3,000 items. The TF step takes its targets from a frozen copy of the network
+  (the same work; since 2026-11-28, after a long run diverged to NaN); the JAX step from
+  the network itself;
 * without an actor, and with one actor in a spawned process inserting single items at
   ``--actor-rate`` per second into the same table (the constant step is then measured
   with that actor running too).

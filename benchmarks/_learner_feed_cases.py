@@ -185,6 +185,21 @@ def tf_cases(client, name, workload, refs):
                                      np.abs(td.numpy().astype(np.float64)) + 1e-6)
         return fed
 
+    # PackedBatches: each batch sampled in this thread when the step asks for it, its
+    # leaves packed in one tensor that the step takes as its argument and unpacks.
+    packed_batches = stf.PackedBatches(name, TABLE, spec["batch"])
+    refs.append(packed_batches)
+
+    @tf.function
+    def packed_step(packed):
+        return train(packed_batches.unpack(packed))
+
+    def fed_packed():
+        batch = next(packed_batches)
+        td = packed_step(batch.packed)
+        if per:  # (|td| + 1e-6, as fed's update)
+            packed_batches.update_priorities(batch.info.key, td)
+
     # make_dataset's default against one batch per numpy_function call
     k1_iterator = iter(stf.make_dataset(name, TABLE, spec["batch"], batches_per_call=1))
     refs.append(k1_iterator)
@@ -242,7 +257,8 @@ def tf_cases(client, name, workload, refs):
         constant_arg_step(tf.nest.map_structure(np.copy, host_batch))
 
     cases = {"constant": (constant_step, nothing), "host": (host, nothing),
-             "fed": (feeding(iterator), nothing), "fed_k1": (feeding(k1_iterator), nothing),
+             "fed": (feeding(iterator), nothing), "fed_packed": (fed_packed, nothing),
+             "fed_k1": (feeding(k1_iterator), nothing),
              "fed_no_update": (lambda: iterator_step(iterator), nothing),
              "floor": (lambda: floor_step(floor_iterator), nothing),
              "constant_arg": (lambda: constant_arg_step(const), nothing)}

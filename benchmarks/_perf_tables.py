@@ -213,6 +213,7 @@ def datasets(files):
 
 
 FEED_LEARNERS = {"jax": "JAX, `BatchIterator`", "tf": "TF, `make_dataset` + `tf.function`",
+                 "tf_packed": "TF, `PackedBatches` + `tf.function`",
                  "reverb": "TF, Reverb's `TrajectoryDataset` + `tf.function`"}
 
 
@@ -236,6 +237,12 @@ def learner_feed(files):
             host, floor = (f"{ratio[k]:.2f}" if k in ratio else "-" for k in ("host", "floor"))
             rows.append(what + [f"{med['constant']:.1f}", f"{med['fed']:.1f}",
                                 f"**{ratio['fed']:.2f}**", host, floor, cpu])
+            if "fed_packed" in ratio:  # (runs from 2026-11-28, session 34)
+                cpu = " / ".join(f"{1e3 * statistics.median(r['cpu_s_per_step'][k]):.2f}"
+                                 for k in ("constant", "floor", "fed_packed"))
+                rows.append([FEED_LEARNERS["tf_packed"]] + what[1:] + [
+                    f"{med['constant']:.1f}", f"{med['fed_packed']:.1f}",
+                    f"**{ratio['fed_packed']:.2f}**", host, floor, cpu])
     return _md(["learner", "workload", "actor", "run", "constant (steps/s)", "fed", "ratio",
                 "host ratio", "floor ratio", "CPU/step constant / floor / fed (ms)"], rows,
                ["---"] * 4 + ["---:"] * 6)

@@ -9,7 +9,8 @@ says how much of the learner's speed the feed costs.
 Rows (issue 20, second half):
 
 * learners: JAX, ``shmreplay.jax.BatchIterator`` and a ``jax.jit`` step; TensorFlow,
-  ``shmreplay.tf.make_dataset`` and a ``tf.function`` step;
+  ``shmreplay.tf.make_dataset`` (and ``shmreplay.tf.PackedBatches``, case
+  ``fed_packed``) and a ``tf.function`` step;
 * workloads: *transitions* (obs f32[15], act f32[3], rew f32, next_obs f32[15], done
   f32; a Q-network MLP 256x256 on obs+act, TD loss, SGD), batch 256, ``Prioritized(0.6)``
   table of 32,768 items, importance weights in the step and priorities ``|td| + 1e-6``
@@ -53,6 +54,10 @@ Fed variants (all in the JSON; the table uses ``fed``):
   ``batches_per_call``), calls ``next`` and runs the step;
   it returns the keys and TD errors and ``Client.update_priorities`` runs beside it,
   after each call (the tensors are computed by then: ``.numpy()`` is free);
+  ``fed_packed`` (its own table rows, "TF, ``PackedBatches``"): ``next`` of a
+  ``shmreplay.tf.PackedBatches`` samples in the learner's thread and packs the batch
+  in one tensor, the ``tf.function`` takes it as its argument and unpacks it, and
+  ``PackedBatches.update_priorities`` sets ``|td| + 1e-6`` after the call;
   ``fed_k1``: the same with ``batches_per_call=1`` (one ``numpy_function`` call per
   batch); ``fed_no_update``: ``fed`` without the priority updates (what they cost);
   ``fed_in_graph``: the same with ``TFClient.update_priorities`` inside the function;

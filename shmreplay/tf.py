@@ -12,6 +12,9 @@ Import it as ``shmreplay.tf`` (it imports TensorFlow; ``import shmreplay`` does 
     # The fast path for training: whole batches straight from ``sample_batch``.
     dataset = shmreplay_tf.make_dataset("my-buffer", "replay", batch_size=256)
 
+    # Faster for small items: batches passed to the tf.function as its argument.
+    batches = shmreplay_tf.PackedBatches("my-buffer", "replay", batch_size=256)
+
 Reverb's ``TFClient`` (insert, sample and update priorities as TensorFlow ops) is
 here too: ``shmreplay_tf.TFClient("my-buffer")``.
 
@@ -28,9 +31,11 @@ iterator stops it.
 
 from shmreplay._tf_batches import ReplayBuffer, make_dataset
 from shmreplay._tf_client import TFClient
+from shmreplay._tf_feed import PackedBatch, PackedBatches
 from shmreplay._tf_patterns import PatternDataset, pattern_dataset_with_info
 from shmreplay._tf_common import table_signature
 from shmreplay._tf_items import ReplayDataset, TimestepDataset, TrajectoryDataset
 
-__all__ = ["PatternDataset", "ReplayBuffer", "ReplayDataset", "TFClient", "TimestepDataset",
-           "TrajectoryDataset", "make_dataset", "pattern_dataset_with_info", "table_signature"]
+__all__ = ["PackedBatch", "PackedBatches", "PatternDataset", "ReplayBuffer", "ReplayDataset",
+           "TFClient", "TimestepDataset", "TrajectoryDataset", "make_dataset",
+           "pattern_dataset_with_info", "table_signature"]

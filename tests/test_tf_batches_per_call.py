@@ -1,7 +1,6 @@
 """``make_dataset(batches_per_call=k)``: k batches per trip into Python, handed out one
 by one, each still a whole ``sample_batch`` of its own (issue 20)."""
 
-import contextlib
 
 import numpy as np
 import pytest
@@ -10,17 +9,7 @@ import tensorflow as tf
 import shmreplay
 from shmreplay import _tf_packing, rate_limiters, selectors
 from shmreplay import tf as shmreplay_tf
-import _names
-
-
-@contextlib.contextmanager
-def serve(*tables):
-    with shmreplay.Server(list(tables), name=_names.unique()) as server:
-        client = shmreplay.Client(server.name)
-        try:
-            yield server.name, client
-        finally:
-            client.close()
+from _serving import serve
 
 
 def item(i):  # packed leaves of three dtypes, and a bool that crosses stacked

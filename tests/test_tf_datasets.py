@@ -1,7 +1,6 @@
 """``shmreplay.tf``: Reverb's dataset semantics (reference §1.12), the batched fast path,
 and the tf_agents-style buffer. TensorFlow is imported only in this file."""
 
-import contextlib
 import time
 
 import numpy as np
@@ -13,20 +12,11 @@ from shmreplay import rate_limiters, selectors
 from shmreplay import _tf_common, tf as shmreplay_tf
 from shmreplay.specs import TensorSpec
 import _names
+from _serving import serve
 import _waiting
 
 ITEM = {"x": np.float32, "v": np.int64}
 ITEM_SHAPES = {"x": (), "v": (3,)}
-
-
-@contextlib.contextmanager
-def serve(*tables):
-    with shmreplay.Server(list(tables), name=_names.unique()) as server:
-        client = shmreplay.Client(server.name)
-        try:
-            yield server.name, client
-        finally:
-            client.close()
 
 
 def fill(client, table, values):

@@ -1,7 +1,6 @@
 """Feeding a TensorFlow learner: ``make_dataset`` 's packed leaves and priority updates
 from a ``tf.function`` (issue 20)."""
 
-import contextlib
 
 import numpy as np
 import pytest
@@ -10,21 +9,11 @@ import tensorflow as tf
 import shmreplay
 from shmreplay import _tf_packing, rate_limiters, selectors
 from shmreplay import tf as shmreplay_tf
-import _names
+from _serving import serve
 
 # Leaves of every kind the packing meets: small numeric ones of sizes 1, 2, 4 and 8
 # (packed), a bool (passed alone) and one above the pool threshold (passed alone).
 WIDE = 70_000  # float32: 280 KB a row, above _outputs.POOL_FROM
-
-
-@contextlib.contextmanager
-def serve(*tables):
-    with shmreplay.Server(list(tables), name=_names.unique()) as server:
-        client = shmreplay.Client(server.name)
-        try:
-            yield server.name, client
-        finally:
-            client.close()
 
 
 def item(i):

@@ -1,8 +1,8 @@
 """``shmreplay.tf.PackedBatches``: batches handed to a ``tf.function`` as one packed
 argument and taken apart inside it (issue 20, the TF learner feed)."""
 
-import contextlib
 import collections
+import contextlib
 import time
 
 import numpy as np
@@ -13,19 +13,10 @@ import shmreplay
 from shmreplay import rate_limiters, selectors
 from shmreplay import tf as shmreplay_tf
 import _names
+from _serving import serve
 
 WIDE = 70_000  # float32: 280 KB a row, above _outputs.POOL_FROM (passed alone)
 Pair = collections.namedtuple("Pair", ["first", "second"])
-
-
-@contextlib.contextmanager
-def serve(*tables):
-    with shmreplay.Server(list(tables), name=_names.unique()) as server:
-        client = shmreplay.Client(server.name)
-        try:
-            yield server.name, client
-        finally:
-            client.close()
 
 
 def uniform(name="u", size=64):
@@ -101,9 +92,9 @@ def test_a_step_written_for_make_dataset_takes_unpacked_batches_unchanged():
 
 
 def test_the_batches_tensors_are_not_overwritten_by_later_batches():
-    # TensorFlow may alias a numpy array's memory: a batch kept by the learner must not
-    # change when later batches are sampled (the packed array is new each batch, and
-    # the engine reuses a wide leaf's memory only once nothing refers to it).
+    # A batch kept by the learner must not change when later batches are sampled.
+    # (TensorFlow 2.21 copies the arrays it converts; a conversion that aliased them,
+    # as DLPack's does, would see a reused packed array or a wide leaf's pool memory.)
     with serve(uniform()) as (name, client):
         keys = fill(client, "u", 30)
         with shmreplay_tf.PackedBatches(name, "u", 4) as batches:
@@ -114,11 +105,18 @@ def test_the_batches_tensors_are_not_overwritten_by_later_batches():
             assert_batch_is(batches.unpack(kept.packed), rows)
 
 
-def test_update_priorities_sets_abs_td_to_the_exponent_plus_epsilon():
+@contextlib.contextmanager
+def four_prioritized():
+    """A buffer whose table "p" (proportional to priority) holds 4 items of priority 1."""
     table = shmreplay.Table("p", selectors.Prioritized(1.0), selectors.Fifo(), 16,
                             rate_limiters.MinSize(1))
     with serve(table) as (name, client):
         fill(client, "p", 4, make=lambda i: {"x": np.float32(i)})
+        yield name, client
+
+
+def test_update_priorities_sets_abs_td_to_the_exponent_plus_epsilon():
+    with four_prioritized() as (name, client):
         with shmreplay_tf.PackedBatches(name, "p", 3) as batches:
             batch = next(batches)
             keys = np.unique(batch.info.key)
@@ -134,10 +132,7 @@ def test_update_priorities_sets_abs_td_to_the_exponent_plus_epsilon():
 
 
 def test_a_refused_priority_update_raises_and_changes_nothing():
-    table = shmreplay.Table("p", selectors.Prioritized(1.0), selectors.Fifo(), 16,
-                            rate_limiters.MinSize(1))
-    with serve(table) as (name, client):
-        fill(client, "p", 4, make=lambda i: {"x": np.float32(i)})
+    with four_prioritized() as (name, client):
         with shmreplay_tf.PackedBatches(name, "p", 4) as batches:
             batch = next(batches)
             with pytest.raises(shmreplay.errors.InvalidPriorityError, match="Table .p.*nan"):

@@ -112,8 +112,20 @@ def jax_cases(client, name, workload, refs):
         data = jax.tree_util.tree_map(np.copy, fixed_sample.data)
         state["p"], _ = step(state["p"], data, host_weights.copy())
 
+    # The least any replay must do for a batch, with no replay: numpy gathering random
+    # rows of columns as large as the table's (no sampling structure, no priorities, no
+    # update), passed to the step as host's are.
+    rng = np.random.default_rng(2)
+    columns = _learner_models.make_items(workload, spec["size"], rng)
+
+    def gather():
+        rows = rng.integers(0, spec["size"], spec["batch"])
+        data = {key: column[rows] for key, column in columns.items()}
+        state["p"], _ = step(state["p"], data, host_weights.copy())
+
     just_wait = feeding(floor_batches, update=False)[1]
     cases = {"constant": (constant, just_wait), "host": (host, just_wait),
+             "gather": (gather, just_wait),
              "fed": feeding(batches), "floor": feeding(floor_batches, update=False),
              "fed_inline": feeding(inline_batches),
              "floor_inline": feeding(inline_floor, update=False)}

@@ -44,6 +44,9 @@ Fed variants (all in the JSON; the table uses ``fed``):
   that batch; TF, a ``range`` mapped through one ``numpy_function`` returning it
   (packed as ``make_dataset`` packs), prefetch 2, into the same ``tf.function``. What
   feeding a learner from host memory costs on this machine, with no shmreplay work;
+* ``gather`` (JAX): the least any replay must do, with no replay: numpy gathering 256
+  random rows of columns as large as the table's (no sampling structure, no
+  priorities, no update), passed to the step as ``host`` 's are;
 * JAX: ``fed``: ``update_priorities(keys, td, wait=False)`` (queued, applied by the
   iterator's thread when the step has computed ``td``); ``fed_wait``: the default
   ``wait=True``, which waits for the step before the next one is dispatched;

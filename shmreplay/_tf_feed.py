@@ -20,6 +20,10 @@ from shmreplay._tf_packing import Packing
 from shmreplay.replay_sample import ReplaySample, SampleInfo
 
 
+def _is_integer(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
 class PackedBatch(NamedTuple):
     """One batch: ``info`` (a ``SampleInfo`` of numpy arrays ``[B]``, on the host: the
     keys for ``update_priorities``) and ``packed`` (a tuple of tensors to pass to the
@@ -59,47 +63,52 @@ class PackedBatches:
       table: The table to sample.
       batch_size: Items per batch (``Client.sample_batch`` semantics: a batch waits for
         rate-limiter credit until it is full).
-      rate_limiter_timeout_ms: Ends the iteration when no batch could be sampled in this
-        many milliseconds (Reverb's dataset option). Negative: wait forever.
+      rate_limiter_timeout_ms: Ends the iteration when no batch could be filled in this
+        many milliseconds (Reverb's dataset option); the rows of a batch left partial
+        are dropped, as Reverb's datasets drop them. Negative: wait forever.
       max_batches: Ends the iteration after this many batches (None: never).
 
     Raises (when made):
       BufferNotFoundError: no such buffer.
-      ValueError: no such table, a table of items of any length, nothing yet says what
-        the table's items look like (no signature and no item), or an argument out of
-        range. ``next`` raises what ``Client.sample_batch`` raises.
+      ValueError: no such table, a table of items of any shape or length, nothing yet
+        says what the table's items look like (no signature and no item), or an
+        argument out of range. ``next`` raises what ``Client.sample_batch`` raises.
     """
 
     def __init__(self, client, table: str, batch_size: int, *,
                  rate_limiter_timeout_ms: int = -1, max_batches: Optional[int] = None):
-        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        if not _is_integer(batch_size) or batch_size < 1:
             raise ValueError(f"PackedBatches: batch_size must be an integer >= 1, got "
                              f"{batch_size!r}.")
-        if max_batches is not None and max_batches < 0:
-            raise ValueError(f"PackedBatches: max_batches must be None or >= 0, got "
-                             f"{max_batches!r}.")
+        if max_batches is not None and (not _is_integer(max_batches) or max_batches < 0):
+            raise ValueError(f"PackedBatches: max_batches must be None (no end) or an "
+                             f"integer >= 0, got {max_batches!r}.")
+        if not _is_integer(rate_limiter_timeout_ms):
+            raise ValueError(f"PackedBatches: rate_limiter_timeout_ms must be an integer "
+                             f"(negative: wait forever), got {rate_limiter_timeout_ms!r}.")
         self.table = common.plain(table, "table")
         self.batch_size = int(batch_size)
+        self._timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
+        self._left = None if max_batches is None else int(max_batches)
+        self._done = False
         self._client = common.connect(common.plain(client, "client"))  # (its own Client)
         try:
             self.element_spec = self._spec()
+            self._flat_spec = tf.nest.flatten(self.element_spec)
+            self._packing = Packing(self._flat_spec, "PackedBatches")
         except BaseException:
             self._client.close()
             raise
-        self._flat_spec = tf.nest.flatten(self.element_spec)
-        self._packing = Packing(self._flat_spec)
-        self._timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
-        self._left = max_batches
-        self._done = False
 
     def _spec(self) -> ReplaySample:
         """make_dataset's element spec for the table (fixed shapes only)."""
         dtypes, shapes = common.table_signature(self._client, self.table)
         shape_leaves = common.flatten_specs(dtypes, shapes)[2]
-        if any(bool(shape) and shape[0] is None for shape in shape_leaves):
+        if any(not isinstance(shape, tuple) or None in shape for shape in shape_leaves):
             raise ValueError(
-                f"PackedBatches: table '{self.table}' holds items of any length, whose "
-                "batches differ in shape; use make_dataset(..., pad_to=...) for them.")
+                f"PackedBatches: table '{self.table}' holds items whose shapes are not "
+                f"fixed ({', '.join(map(str, shape_leaves))}), so its batches differ in "
+                "shape; use make_dataset for it (pad_to=... for a None time dimension).")
         return ReplaySample(common.info_spec((self.batch_size,)),
                             common.data_spec(dtypes, shapes, (self.batch_size,)))
 
@@ -119,8 +128,9 @@ class PackedBatches:
             self._left -= 1
         # One conversion per array, usually just the packed one: converting the ten
         # leaves of a batch of transitions one by one cost the benchmark's TF step about
-        # a fifth of its rate, the packed array a twentieth.
-        packed = tuple(tf.convert_to_tensor(array)
+        # a fifth of its rate, the packed array a twentieth. Large leaves (frames) are
+        # shared with TensorFlow without a copy where their memory allows it.
+        packed = tuple(tf.convert_to_tensor(common.shared_tensor(array))
                        for array in self._packing.pack(tf.nest.flatten(sample)))
         return PackedBatch(sample.info, packed)
 

@@ -47,7 +47,8 @@ class Packing:
     as they are, without a copy. Fixed shapes only (the offsets are fixed).
     """
 
-    def __init__(self, flat_spec):
+    def __init__(self, flat_spec, owner: str = "make_dataset"):
+        self.owner = owner  # (names the caller in errors)
         self.specs = flat_spec
         self.layouts = [(spec.dtype.as_numpy_dtype, tuple(spec.shape.as_list()))
                         for spec in flat_spec]
@@ -94,7 +95,7 @@ class Packing:
             dtype, shape = self.layouts[index]
             if leaf.dtype != dtype or leaf.shape != shape:  # (never reinterpret bytes)
                 raise ValueError(
-                    f"make_dataset: leaf {index} of the batch is {leaf.dtype}{list(leaf.shape)}, "
+                    f"{self.owner}: leaf {index} of the batch is {leaf.dtype}{list(leaf.shape)}, "
                     f"the dataset's spec says {np.dtype(dtype)}{list(shape)}.")
             packed[offset:offset + leaf.nbytes] = np.ascontiguousarray(leaf).reshape(-1).view(
                 np.uint8)

@@ -92,9 +92,9 @@ def test_a_step_written_for_make_dataset_takes_unpacked_batches_unchanged():
 
 
 def test_the_batches_tensors_are_not_overwritten_by_later_batches():
-    # A batch kept by the learner must not change when later batches are sampled.
-    # (TensorFlow 2.21 copies the arrays it converts; a conversion that aliased them,
-    # as DLPack's does, would see a reused packed array or a wide leaf's pool memory.)
+    # A batch kept by the learner must not change when later batches are sampled: the
+    # wide leaf's tensor shares the engine's pooled output memory (DLPack), which the
+    # pool must not hand to a later batch while the tensor lives.
     with serve(uniform()) as (name, client):
         keys = fill(client, "u", 30)
         with shmreplay_tf.PackedBatches(name, "u", 4) as batches:
@@ -123,9 +123,11 @@ def test_update_priorities_sets_abs_td_to_the_exponent_plus_epsilon():
             td = tf.constant([-2.0] * len(keys))
             assert batches.update_priorities(keys, td, exponent=2.0, epsilon=0.5) == len(keys)
         priorities = {}
-        for _ in range(20):
+        for _ in range(1000):  # (until every item was drawn: the weights are 4.5 and 1)
             sample = client.sample_batch("p", 4)
             priorities.update(zip(sample.info.key.tolist(), sample.info.priority.tolist()))
+            if len(priorities) == 4:
+                break
     assert all(priorities[int(key)] == 4.5 for key in keys)
     assert sorted(v for k, v in priorities.items() if k not in set(keys.tolist())) == \
         [1.0] * (4 - len(keys))
@@ -163,18 +165,64 @@ def test_bad_tables_and_arguments_are_refused_when_made():
     any_length = shmreplay.Table(
         "v", selectors.Uniform(), selectors.Fifo(), 8, rate_limiters.MinSize(1),
         signature={"x": tf.TensorSpec([None, 2], tf.float32)})
-    with serve(uniform(), any_length) as (name, client):
+    open_inner = shmreplay.Table(
+        "w", selectors.Uniform(), selectors.Fifo(), 8, rate_limiters.MinSize(1),
+        signature={"x": tf.TensorSpec([2, None], tf.float32)})
+    with serve(uniform(), any_length, open_inner) as (name, client):
         fill(client, "u", 2)
         with shmreplay_tf.PackedBatches(tf.constant(name), "u", 2) as by_tensor_name:
             assert len(next(by_tensor_name).info.key) == 2
         with pytest.raises(ValueError, match="table named missing"):
             shmreplay_tf.PackedBatches(name, "missing", 2)
-        with pytest.raises(ValueError, match="'v' holds items of any length.*pad_to"):
+        with pytest.raises(ValueError, match="'v' holds items whose shapes are not fixed"
+                                             r" \(\(None, 2\)\).*pad_to"):
             shmreplay_tf.PackedBatches(name, "v", 2)
+        with pytest.raises(ValueError, match=r"'w' .*not fixed \(\(2, None\)\)"):
+            shmreplay_tf.PackedBatches(name, "w", 2)
         for bad in (0, 2.5, True):
             with pytest.raises(ValueError, match="batch_size"):
                 shmreplay_tf.PackedBatches(name, "u", bad)
-        with pytest.raises(ValueError, match="max_batches"):
-            shmreplay_tf.PackedBatches(name, "u", 2, max_batches=-1)
+        for bad in (-1, 2.5):
+            with pytest.raises(ValueError, match="max_batches"):
+                shmreplay_tf.PackedBatches(name, "u", 2, max_batches=bad)
+        with pytest.raises(ValueError, match="rate_limiter_timeout_ms"):
+            shmreplay_tf.PackedBatches(name, "u", 2, rate_limiter_timeout_ms=None)
     with pytest.raises(shmreplay.errors.BufferNotFoundError):
         shmreplay_tf.PackedBatches(_names.unique("gone"), "u", 2)
+
+
+def test_a_failure_when_made_detaches_the_client_it_attached(monkeypatch):
+    from shmreplay import _tf_common, _tf_feed
+    attached = []
+    connect = _tf_common.connect
+    monkeypatch.setattr(_tf_common, "connect",
+                        lambda address: attached.append(connect(address)) or attached[-1])
+
+    def no_packing(*args):
+        raise RuntimeError("no packing")
+    with serve(uniform()) as (name, client):
+        fill(client, "u", 2)
+        with pytest.raises(ValueError, match="table named missing"):
+            shmreplay_tf.PackedBatches(name, "missing", 2)
+        monkeypatch.setattr(_tf_feed, "Packing", no_packing)
+        with pytest.raises(RuntimeError, match="no packing"):
+            shmreplay_tf.PackedBatches(name, "u", 2)
+    mine = [c for c in attached if c is not client]
+    assert len(mine) >= 2 and all(c._closed for c in mine)
+
+
+def test_nothing_is_sampled_ahead_of_the_loop():
+    # A queue hands each item out once: what the iterator took is gone from it.
+    queue = shmreplay.Table.queue("q", 32)
+    with serve(queue) as (name, client):
+        fill(client, "q", 20, make=lambda i: {"x": np.float32(i)})
+        with shmreplay_tf.PackedBatches(name, "q", 4) as batches:
+            first = next(batches)
+            assert client.server_info()["q"].current_size == 16
+            second = next(batches)
+            assert client.server_info()["q"].current_size == 12
+        assert first.info.key.tolist() + second.info.key.tolist() == sorted(
+            first.info.key.tolist() + second.info.key.tolist())  # FIFO order
+        with shmreplay_tf.PackedBatches(name, "q", 4, max_batches=0) as none:
+            assert list(none) == []
+        assert client.server_info()["q"].current_size == 12

@@ -139,7 +139,7 @@ def jax_cases(client, name, workload, refs):
 def tf_cases(client, name, workload, refs):
     import _learner_models
     import tensorflow as tf
-    from shmreplay import _tf_packing, tf as stf
+    from shmreplay import _tf_common as stf_common, _tf_packing, tf as stf
     spec = WORKLOADS[workload]
     per = spec["per"]
     train, variables = _learner_models.tf_train(workload)
@@ -268,7 +268,21 @@ def tf_cases(client, name, workload, refs):
     def host():
         constant_arg_step(tf.nest.map_structure(np.copy, host_batch))
 
+    # PackedBatches' floor: the least any replay must do, with no replay: numpy gathering
+    # random rows of columns as large as the table's (the info of a real batch), packed
+    # and passed to the same step as PackedBatches' batches are.
+    rng = np.random.default_rng(2)
+    columns = _learner_models.make_items(workload, spec["size"], rng)
+
+    def gather_packed():
+        rows = rng.integers(0, spec["size"], spec["batch"])
+        sample = host_batch._replace(data={key: column[rows] for key, column in columns.items()})
+        packed = tuple(tf.convert_to_tensor(stf_common.shared_tensor(array)) for array
+                       in packed_batches._packing.pack(tf.nest.flatten(sample)))
+        np.asarray(packed_step(packed))  # (as fed_packed's update reads its TD errors)
+
     cases = {"constant": (constant_step, nothing), "host": (host, nothing),
+             "gather_packed": (gather_packed, nothing),
              "fed": (feeding(iterator), nothing), "fed_packed": (fed_packed, nothing),
              "fed_k1": (feeding(k1_iterator), nothing),
              "fed_no_update": (lambda: iterator_step(iterator), nothing),

@@ -61,6 +61,8 @@ Fed variants (all in the JSON; the table uses ``fed``):
   ``shmreplay.tf.PackedBatches`` samples in the learner's thread and packs the batch
   in one tensor, the ``tf.function`` takes it as its argument and unpacks it, and
   ``PackedBatches.update_priorities`` sets ``|td| + 1e-6`` after the call;
+  ``gather_packed``: its floor with no replay, numpy gathering 256 random rows of
+  columns as large as the table's, packed and passed the same way;
   ``fed_k1``: the same with ``batches_per_call=1`` (one ``numpy_function`` call per
   batch); ``fed_no_update``: ``fed`` without the priority updates (what they cost);
   ``fed_in_graph``: the same with ``TFClient.update_priorities`` inside the function;

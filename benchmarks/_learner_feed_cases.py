@@ -115,13 +115,10 @@ def jax_cases(client, name, workload, refs):
     # The least any replay must do for a batch, with no replay: numpy gathering random
     # rows of columns as large as the table's (no sampling structure, no priorities, no
     # update), passed to the step as host's are.
-    rng = np.random.default_rng(2)
-    columns = _learner_models.make_items(workload, spec["size"], rng)
+    random_rows = _learner_models.random_rows(workload)
 
     def gather():
-        rows = rng.integers(0, spec["size"], spec["batch"])
-        data = {key: column[rows] for key, column in columns.items()}
-        state["p"], _ = step(state["p"], data, host_weights.copy())
+        state["p"], _ = step(state["p"], random_rows(), host_weights.copy())
 
     just_wait = feeding(floor_batches, update=False)[1]
     cases = {"constant": (constant, just_wait), "host": (host, just_wait),
@@ -139,7 +136,7 @@ def jax_cases(client, name, workload, refs):
 def tf_cases(client, name, workload, refs):
     import _learner_models
     import tensorflow as tf
-    from shmreplay import _tf_common as stf_common, _tf_packing, tf as stf
+    from shmreplay import _tf_packing, tf as stf
     spec = WORKLOADS[workload]
     per = spec["per"]
     train, variables = _learner_models.tf_train(workload)
@@ -271,14 +268,10 @@ def tf_cases(client, name, workload, refs):
     # PackedBatches' floor: the least any replay must do, with no replay: numpy gathering
     # random rows of columns as large as the table's (the info of a real batch), packed
     # and passed to the same step as PackedBatches' batches are.
-    rng = np.random.default_rng(2)
-    columns = _learner_models.make_items(workload, spec["size"], rng)
+    random_rows = _learner_models.random_rows(workload)
 
     def gather_packed():
-        rows = rng.integers(0, spec["size"], spec["batch"])
-        sample = host_batch._replace(data={key: column[rows] for key, column in columns.items()})
-        packed = tuple(tf.convert_to_tensor(stf_common.shared_tensor(array)) for array
-                       in packed_batches._packing.pack(tf.nest.flatten(sample)))
+        packed = packed_batches.pack(host_batch._replace(data=random_rows()))
         np.asarray(packed_step(packed))  # (as fed_packed's update reads its TD errors)
 
     cases = {"constant": (constant_step, nothing), "host": (host, nothing),

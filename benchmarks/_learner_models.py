@@ -26,6 +26,19 @@ def make_items(workload, n, rng):
             "next_obs": rng.integers(0, 255, (n, 84, 84, 4), np.uint8)}
 
 
+def random_rows(workload):
+    """``rows() -> {column: [B, ...]}``: a batch of random rows of columns as large as
+    the table's, gathered by numpy (the least any replay must read; no replay)."""
+    spec = WORKLOADS[workload]
+    rng = np.random.default_rng(2)
+    columns = make_items(workload, spec["size"], rng)
+
+    def rows():
+        picked = rng.integers(0, spec["size"], spec["batch"])
+        return {key: column[picked] for key, column in columns.items()}
+    return rows
+
+
 def jax_init(workload, key):
     import jax
     import jax.numpy as jnp

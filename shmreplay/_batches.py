@@ -53,6 +53,15 @@ def full_batch(client, table: str, batch_size: int, timeout: Optional[float],
     return parts[0] if len(parts) == 1 else concatenate(parts)
 
 
+def priorities_from_td(td_errors, exponent: float, epsilon: float) -> np.ndarray:
+    """``|td_errors| ** exponent + epsilon`` as float64 ``[B]`` on the host (the learner
+    iterators' ``update_priorities``); reading a framework's array waits for it."""
+    priorities = np.abs(np.asarray(td_errors, dtype=np.float64)).reshape(-1)
+    if exponent != 1.0:
+        priorities = priorities ** exponent
+    return priorities + epsilon
+
+
 def concatenate(parts) -> ReplaySample:
     """One ReplaySample from several partial batches (rows in order). Padded parts
     (items of any length) are padded again to the longest of all of them."""

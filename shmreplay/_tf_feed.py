@@ -126,13 +126,17 @@ class PackedBatches:
             raise StopIteration
         if self._left is not None:
             self._left -= 1
+        return PackedBatch(sample.info, self.pack(sample))
+
+    def pack(self, sample: ReplaySample) -> tuple:
+        """``sample`` (numpy arrays of the table's batch shapes, as ``sample_batch``
+        returns them) as the tensors ``unpack`` takes; ``next`` packs its batches so."""
         # One conversion per array, usually just the packed one: converting the ten
         # leaves of a batch of transitions one by one cost the benchmark's TF step about
         # a fifth of its rate, the packed array a twentieth. Large leaves (frames) are
         # shared with TensorFlow without a copy where their memory allows it.
-        packed = tuple(tf.convert_to_tensor(common.shared_tensor(array))
-                       for array in self._packing.pack(tf.nest.flatten(sample)))
-        return PackedBatch(sample.info, packed)
+        return tuple(tf.convert_to_tensor(common.shared_tensor(array))
+                     for array in self._packing.pack(tf.nest.flatten(sample)))
 
     def unpack(self, packed) -> ReplaySample:
         """The batch as ``ReplaySample(info, data)`` of tensors ``[B, ...]`` (make_dataset's
@@ -159,10 +163,8 @@ class PackedBatches:
           ShmReplayError: What ``Client.update_priorities`` raises (a NaN TD error, for
             one: ``InvalidPriorityError``, and no priority changes).
         """
-        priorities = np.abs(np.asarray(td_errors, dtype=np.float64)).reshape(-1)
-        if exponent != 1.0:
-            priorities = priorities ** exponent
-        return self._client.update_priorities(self.table, keys, priorities + epsilon)
+        return self._client.update_priorities(
+            self.table, keys, _batches.priorities_from_td(td_errors, exponent, epsilon))
 
     def close(self):
         """Detaches from the buffer (the table is left as it is)."""

@@ -318,10 +318,8 @@ class BatchIterator:
         return None
 
     def _apply(self, keys, td_errors, exponent, epsilon) -> int:
-        errors_host = np.abs(np.asarray(td_errors, dtype=np.float64)).reshape(-1)
-        if exponent != 1.0:
-            errors_host = errors_host ** exponent
-        return self._client.update_priorities(self.table, keys, errors_host + epsilon)
+        return self._client.update_priorities(
+            self.table, keys, _batches.priorities_from_td(td_errors, exponent, epsilon))
 
     def flush(self) -> int:
         """Waits until the updates queued with ``wait=False`` are applied.

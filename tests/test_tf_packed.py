@@ -72,6 +72,16 @@ def test_unpack_inside_a_tf_function_gives_each_row_its_item():
         assert sample.info.table_size.numpy().tolist() == [20] * 8
 
 
+def test_pack_gives_what_unpack_takes_for_a_sample_batch():
+    with serve(uniform()) as (name, client):
+        keys = fill(client, "u", 12)
+        sample = client.sample_batch("u", 5)
+        with shmreplay_tf.PackedBatches(name, "u", 5) as batches:
+            back = batches.unpack(batches.pack(sample))
+    np.testing.assert_array_equal(back.info.key.numpy(), sample.info.key)
+    assert_batch_is(back, [keys[int(key)] for key in sample.info.key])
+
+
 def test_a_step_written_for_make_dataset_takes_unpacked_batches_unchanged():
     with serve(uniform()) as (name, client):
         fill(client, "u", 10)
